@@ -1,0 +1,130 @@
+// Declarations shared by every gradclip pass: the one bind-group layout, the
+// records the host writes, and the bit-level float helpers. The host prepends
+// this file to each pass file to make one shader module per pass.
+//
+// WGSL lets compilers assume finite math and flush subnormals, so every test
+// for NaN, inf or a magnitude class is done on the integer bits, never with a
+// float comparison.
+
+// Invocations per workgroup. The host injects it as a pipeline override from
+// the device's limits; it must be a power of two (tree reductions halve it).
+override WG: u32 = 256u;
+
+// ClipConfig.semantics
+const SEMANTICS_TORCH: u32 = 0u;
+const SEMANTICS_TENSORFLOW: u32 = 1u;
+
+// ClipState.nonfinite bits
+const FLAG_INF: u32 = 1u;
+const FLAG_NAN: u32 = 2u;
+
+// ClipState.scale_kind: how the scale pass treats each element.
+const SCALE_MULTIPLY: u32 = 0u;    // g * coefficient (every g is finite here)
+const SCALE_ZERO_FINITE: u32 = 1u; // PyTorch with an inf norm: finite -> signed 0, inf/NaN -> NaN
+const SCALE_ALL_NAN: u32 = 2u;     // NaN norm (or TensorFlow with any non-finite norm)
+
+const ABS_MASK: u32 = 0x7fffffffu;
+const EXP_MASK: u32 = 0x7f800000u;
+const MANT_MASK: u32 = 0x007fffffu;
+const SIGN_MASK: u32 = 0x80000000u;
+const QUIET_NAN: u32 = 0x7fc00000u;
+const POS_INF: u32 = 0x7f800000u;
+const ONE_BITS: u32 = 0x3f800000u;
+
+// One tensor's slice of the flat buffer, cut at the chunk length and at the
+// binding-window boundaries. `start` counts elements from the window's start.
+struct Chunk {
+    start: u32,
+    len: u32,
+    tensor: u32,
+}
+
+// What one workgroup leaves for one chunk. For L2, v = (small, medium, big)
+// scaled sums of squares; for Inf, v.x = bits of max |g|; for general p,
+// v = (s, m, E) with the chunk's p-th power sum s relative to the largest
+// element m * 2^E.
+struct Partial {
+    v: vec3<f32>,
+    flags: u32,
+}
+
+// Per binding window, written once by the host.
+struct WindowInfo {
+    chunk_begin: u32,  // first chunk of this window
+    chunk_end: u32,    // one past the last chunk of this window
+    chunk_count: u32,  // chunks of all windows (what finalize reads)
+    workgroups: u32,   // workgroups of every grid-stride dispatch
+}
+
+// One clip's parameters, written by the host once per distinct configuration.
+struct ClipConfig {
+    semantics: u32,
+    error_if_nonfinite: u32,
+    p: f32,
+    max_norm: f32,
+    clamp_min: f32,
+    clamp_max: f32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+// The clip's result, written by finalize, read by scale and copied to the host.
+struct ClipState {
+    total_norm: f32,
+    coefficient: f32,
+    nonfinite: u32,
+    scale_kind: u32,
+    dispatch: array<u32, 3>,  // indirect args of the scale pass
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(1) var<storage, read> chunks: array<Chunk>;
+@group(0) @binding(2) var<storage, read_write> partials: array<Partial>;
+@group(0) @binding(3) var<storage, read_write> state: ClipState;
+@group(0) @binding(4) var<uniform> win: WindowInfo;
+@group(0) @binding(5) var<uniform> cfg: ClipConfig;
+
+// Bits of a non-finite element, as FLAG_* bits; 0 for finite ones.
+fn nonfinite_flags(bits: u32) -> u32 {
+    let a = bits & ABS_MASK;
+    if a < EXP_MASK {
+        return 0u;
+    }
+    return select(FLAG_NAN, FLAG_INF, a == EXP_MASK);
+}
+
+// |x| = m * 2^e with m in [1, 2), subnormals normalised exactly on the bits so
+// that a flushing compiler cannot lose them. `a` is a finite, non-zero |x|.
+struct Decoded {
+    m: f32,
+    e: i32,
+}
+
+fn decode(a: u32) -> Decoded {
+    let biased = a >> 23u;
+    if biased != 0u {
+        return Decoded(bitcast<f32>(ONE_BITS | (a & MANT_MASK)), i32(biased) - 127);
+    }
+    // Subnormal: shift the leading mantissa bit up to the implicit-one position.
+    let shift = countLeadingZeros(a) - 8u;
+    return Decoded(bitcast<f32>(ONE_BITS | ((a << shift) & MANT_MASK)), -126 - i32(shift));
+}
+
+// x * 2^k for an x in [2^-64, 2^64], computed without an indeterminate ldexp:
+// +inf when the result overflows.
+fn scale_pow2(x: f32, k: i32) -> f32 {
+    let e = i32((bitcast<u32>(x) >> 23u) & 0xffu) - 127;
+    if e + k > 127 {
+        return bitcast<f32>(POS_INF);
+    }
+    if e + k < -126 {
+        // Below the normal range: two steps so that neither factor is out of range.
+        return ldexp(ldexp(x, k / 2), k - k / 2);
+    }
+    return ldexp(x, k);
+}
+
+fn is_finite_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & EXP_MASK) != EXP_MASK;
+}

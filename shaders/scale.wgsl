@@ -1,0 +1,70 @@
+// Scale and clamp passes: one read and one write of each gradient element of
+// this window, in place.
+
+// Largest finite f32, standing in for an infinite clamp bound so that no
+// infinity reaches float arithmetic.
+const MAX_F32: f32 = 0x1.fffffep127f;
+
+fn scaled(g: f32, kind: u32, coef: f32) -> f32 {
+    if kind == SCALE_MULTIPLY {
+        return g * coef;
+    }
+    let bits = bitcast<u32>(g);
+    if kind == SCALE_ZERO_FINITE && (bits & EXP_MASK) != EXP_MASK {
+        return bitcast<f32>(bits & SIGN_MASK);
+    }
+    return bitcast<f32>(QUIET_NAN);
+}
+
+fn finite_bound(b: f32) -> f32 {
+    let bits = bitcast<u32>(b);
+    if (bits & ABS_MASK) == EXP_MASK {
+        return select(MAX_F32, -MAX_F32, (bits & SIGN_MASK) != 0u);
+    }
+    return b;
+}
+
+fn clamped(g: f32, lo: f32, hi: f32) -> f32 {
+    let bits = bitcast<u32>(g);
+    let a = bits & ABS_MASK;
+    if a > EXP_MASK {
+        return g;
+    }
+    if a == EXP_MASK {
+        return select(cfg.clamp_max, cfg.clamp_min, (bits & SIGN_MASK) != 0u);
+    }
+    return min(max(g, lo), hi);
+}
+
+// scale — reads: state.coefficient / state.scale_kind (from finalize), grads
+// of this window's chunks. Writes: those grads, in place.
+// Dispatch: indirect from ClipState.dispatch: (win.workgroups or 0, 1, 1),
+// workgroups striding over the window's chunks.
+@compute @workgroup_size(WG)
+fn scale(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let kind = state.scale_kind;
+    let coef = state.coefficient;
+    for (var c = win.chunk_begin + wg.x; c < win.chunk_end; c += win.workgroups) {
+        let ch = chunks[c];
+        for (var i = t; i < ch.len; i += WG) {
+            let j = ch.start + i;
+            grads[j] = scaled(grads[j], kind, coef);
+        }
+    }
+}
+
+// clamp_values — reads: cfg.clamp_min / cfg.clamp_max, grads of this
+// window's chunks. Writes: those grads clamped in place; NaN stays NaN.
+// Dispatch: (win.workgroups, 1, 1), workgroups striding over the window's chunks.
+@compute @workgroup_size(WG)
+fn clamp_values(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let lo = finite_bound(cfg.clamp_min);
+    let hi = finite_bound(cfg.clamp_max);
+    for (var c = win.chunk_begin + wg.x; c < win.chunk_end; c += win.workgroups) {
+        let ch = chunks[c];
+        for (var i = t; i < ch.len; i += WG) {
+            let j = ch.start + i;
+            grads[j] = clamped(grads[j], lo, hi);
+        }
+    }
+}

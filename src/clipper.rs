@@ -1,0 +1,238 @@
+//! `Clipper`: the shader modules, the one bind-group layout and the pipelines,
+//! created once per device.
+
+use std::sync::Arc;
+
+use crate::config::Reduction;
+use crate::error::{Error, Result};
+use crate::gpu_errors::Catch;
+use crate::grad_set::GradSet;
+use crate::layout::GradLayout;
+use crate::records::{ClipConfig, ClipState, WindowInfo};
+use crate::shaders::{self, PassModule};
+
+/// Largest workgroup size the passes use; WebGPU's default limit.
+const PREFERRED_WORKGROUP_SIZE: u32 = 256;
+/// Smallest workgroup size accepted from a device's limits.
+const MIN_WORKGROUP_SIZE: u32 = 32;
+
+/// Owns everything about gradient clipping that depends only on the device:
+/// shader modules, the bind-group layout shared by all passes and the
+/// pipelines. Cheap to clone (shared internally).
+///
+/// ```
+/// # let (device, queue, _) = pollster::block_on(gradclip::default_device())?;
+/// let clipper = gradclip::Clipper::new(&device, &queue)?;
+/// assert!(clipper.workgroup_size().is_power_of_two());
+/// # Ok::<(), gradclip::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct Clipper {
+    pub(crate) inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub bind_group_layout: wgpu::BindGroupLayout,
+    pub pipelines: Pipelines,
+    pub workgroup_size: u32,
+}
+
+#[derive(Debug)]
+pub(crate) struct Pipelines {
+    reduce_l2: wgpu::ComputePipeline,
+    reduce_inf: wgpu::ComputePipeline,
+    reduce_p: wgpu::ComputePipeline,
+    finalize_l2: wgpu::ComputePipeline,
+    finalize_inf: wgpu::ComputePipeline,
+    finalize_p: wgpu::ComputePipeline,
+    pub scale: wgpu::ComputePipeline,
+    pub clamp: wgpu::ComputePipeline,
+}
+
+impl Pipelines {
+    pub fn reduce(&self, r: Reduction) -> &wgpu::ComputePipeline {
+        match r {
+            Reduction::L2 => &self.reduce_l2,
+            Reduction::Inf => &self.reduce_inf,
+            Reduction::P => &self.reduce_p,
+        }
+    }
+
+    pub fn finalize(&self, r: Reduction) -> &wgpu::ComputePipeline {
+        match r {
+            Reduction::L2 => &self.finalize_l2,
+            Reduction::Inf => &self.finalize_inf,
+            Reduction::P => &self.finalize_p,
+        }
+    }
+}
+
+fn check_limit(what: &'static str, have: u64, need: u64) -> Result<()> {
+    if have < need {
+        return Err(Error::UnsupportedDevice { what, have, need });
+    }
+    Ok(())
+}
+
+/// The largest power-of-two workgroup size the device allows, up to 256.
+fn workgroup_size(limits: &wgpu::Limits) -> Result<u32> {
+    let cap = PREFERRED_WORKGROUP_SIZE
+        .min(limits.max_compute_invocations_per_workgroup)
+        .min(limits.max_compute_workgroup_size_x);
+    // Workgroup memory: one vec3<f32> (16-byte stride) and one u32 per invocation.
+    let by_memory = limits.max_compute_workgroup_storage_size / 20;
+    let size = 1u32 << (31 - cap.min(by_memory).max(1).leading_zeros());
+    check_limit("max workgroup size", size as u64, MIN_WORKGROUP_SIZE as u64)?;
+    Ok(size)
+}
+
+fn storage_entry(binding: u32, read_only: bool) -> wgpu::BindGroupLayoutEntry {
+    wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty: wgpu::BufferBindingType::Storage { read_only },
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        },
+        count: None,
+    }
+}
+
+fn uniform_entry<T>(binding: u32, dynamic: bool) -> wgpu::BindGroupLayoutEntry {
+    wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty: wgpu::BufferBindingType::Uniform,
+            has_dynamic_offset: dynamic,
+            min_binding_size: wgpu::BufferSize::new(core::mem::size_of::<T>() as u64),
+        },
+        count: None,
+    }
+}
+
+impl Clipper {
+    /// Creates the pipelines on `device`; keeps clones of `device` and `queue`.
+    ///
+    /// Fails with [`Error::UnsupportedDevice`] on a device without compute
+    /// shaders or with fewer than 4 storage buffers per stage (WebGL2, say),
+    /// and with [`Error::Wgpu`] if wgpu rejects an object.
+    pub fn new(device: &wgpu::Device, queue: &wgpu::Queue) -> Result<Self> {
+        let limits = device.limits();
+        check_limit(
+            "storage buffers per shader stage",
+            limits.max_storage_buffers_per_shader_stage as u64,
+            4,
+        )?;
+        check_limit(
+            "uniform buffers per shader stage",
+            limits.max_uniform_buffers_per_shader_stage as u64,
+            2,
+        )?;
+        check_limit(
+            "dynamic uniform buffers per pipeline layout",
+            limits.max_dynamic_uniform_buffers_per_pipeline_layout as u64,
+            1,
+        )?;
+        let workgroup_size = workgroup_size(&limits)?;
+
+        let catch = Catch::begin(device);
+        let bind_group_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("gradclip bind group layout"),
+            entries: &[
+                storage_entry(0, false), // grads (one binding window)
+                storage_entry(1, true),  // chunk table
+                storage_entry(2, false), // per-chunk partials
+                wgpu::BindGroupLayoutEntry {
+                    // clip state: total norm, coefficient, scale dispatch
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Storage { read_only: false },
+                        has_dynamic_offset: false,
+                        min_binding_size: wgpu::BufferSize::new(
+                            core::mem::size_of::<ClipState>() as u64
+                        ),
+                    },
+                    ..storage_entry(3, false)
+                },
+                uniform_entry::<WindowInfo>(4, false),
+                uniform_entry::<ClipConfig>(5, true),
+            ],
+        });
+        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some("gradclip pipeline layout"),
+            bind_group_layouts: &[Some(&bind_group_layout)],
+            immediate_size: 0,
+        });
+        let constants = [(shaders::WORKGROUP_SIZE_OVERRIDE, workgroup_size as f64)];
+        let mut made = Vec::new();
+        for module in shaders::MODULES {
+            let shader = create_module(device, &module);
+            for entry in module.entry_points {
+                made.push(
+                    device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                        label: Some(&format!("gradclip {entry}")),
+                        layout: Some(&pipeline_layout),
+                        module: &shader,
+                        entry_point: Some(entry),
+                        compilation_options: wgpu::PipelineCompilationOptions {
+                            constants: &constants,
+                            zero_initialize_workgroup_memory: false,
+                        },
+                        cache: None,
+                    }),
+                );
+            }
+        }
+        catch.end()?;
+        let mut made = made.into_iter();
+        let mut next = || made.next().expect("one pipeline per listed entry point");
+        let pipelines = Pipelines {
+            reduce_l2: next(),
+            reduce_inf: next(),
+            reduce_p: next(),
+            finalize_l2: next(),
+            finalize_inf: next(),
+            finalize_p: next(),
+            scale: next(),
+            clamp: next(),
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                device: device.clone(),
+                queue: queue.clone(),
+                bind_group_layout,
+                pipelines,
+                workgroup_size,
+            }),
+        })
+    }
+
+    /// Binds a flat gradient buffer laid out by `layout`: creates the scratch
+    /// buffers and bind groups once, for every later clip on it.
+    ///
+    /// The buffer needs `STORAGE` usage and at least `4 * layout.total_elements()` bytes.
+    pub fn bind(&self, grads: &wgpu::Buffer, layout: &GradLayout) -> Result<GradSet> {
+        GradSet::new(self.inner.clone(), grads, layout)
+    }
+
+    /// Invocations per workgroup of every pass on this device.
+    pub fn workgroup_size(&self) -> u32 {
+        self.inner.workgroup_size
+    }
+
+    /// The device the pipelines were made on.
+    pub fn device(&self) -> &wgpu::Device {
+        &self.inner.device
+    }
+}
+
+fn create_module(device: &wgpu::Device, module: &PassModule) -> wgpu::ShaderModule {
+    device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some(module.name),
+        source: wgpu::ShaderSource::Wgsl(module.source().into()),
+    })
+}

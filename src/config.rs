@@ -1,0 +1,190 @@
+//! What a clip computes: the norm, its order and the framework semantics.
+
+use crate::error::{Error, Result};
+use crate::records::{ClipConfig, SEMANTICS_TENSORFLOW, SEMANTICS_TORCH};
+
+/// The order of the global norm.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Norm {
+    /// Sum of absolute values.
+    L1,
+    /// Euclidean norm, overflow- and underflow-safe.
+    L2,
+    /// Largest absolute value.
+    Inf,
+    /// `(Σ|g|^p)^(1/p)` for a positive `p`; `P(2.0)` is `L2`, `P(1.0)` is
+    /// `L1` and `P(f32::INFINITY)` is `Inf`.
+    P(f32),
+}
+
+/// Whose definition of the clip coefficient to follow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Semantics {
+    /// `torch.nn.utils.clip_grad_norm_`: `min(1, max_norm / (norm + 1e-6))`.
+    Torch,
+    /// `tf.clip_by_global_norm`: `clip_norm / max(norm, clip_norm)`.
+    TensorFlow,
+}
+
+/// Which reduction a clip runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reduction {
+    L2,
+    Inf,
+    P,
+}
+
+/// A global-norm clip: the gradients, taken as one concatenated vector, are
+/// multiplied by a coefficient computed from their norm.
+///
+/// ```
+/// use gradclip::{ClipNorm, Norm};
+/// let torch_like = ClipNorm::new(1.0).norm(Norm::L2).error_if_nonfinite(true);
+/// let tf_like = ClipNorm::tensorflow(5.0);
+/// assert_eq!(torch_like.max_norm(), 1.0);
+/// assert_eq!(tf_like.semantics(), gradclip::Semantics::TensorFlow);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ClipNorm {
+    max_norm: f32,
+    norm: Norm,
+    semantics: Semantics,
+    error_if_nonfinite: bool,
+}
+
+impl ClipNorm {
+    /// PyTorch's `clip_grad_norm_(max_norm)`: L2 norm, coefficient
+    /// `min(1, max_norm / (total + 1e-6))`. A NaN or infinite total spreads
+    /// exactly as in PyTorch unless [`error_if_nonfinite`](Self::error_if_nonfinite) is set.
+    pub fn new(max_norm: f32) -> Self {
+        Self {
+            max_norm,
+            norm: Norm::L2,
+            semantics: Semantics::Torch,
+            error_if_nonfinite: false,
+        }
+    }
+
+    /// TensorFlow's `clip_by_global_norm(clip_norm)`: L2 norm, gradients
+    /// multiplied by `clip_norm / max(norm, clip_norm)` (no epsilon; a zero
+    /// norm leaves them unchanged; a non-finite norm makes them all NaN).
+    pub fn tensorflow(clip_norm: f32) -> Self {
+        Self {
+            semantics: Semantics::TensorFlow,
+            ..Self::new(clip_norm)
+        }
+    }
+
+    /// Sets the order of the norm.
+    pub fn norm(self, norm: Norm) -> Self {
+        Self { norm, ..self }
+    }
+
+    /// With `true`, a NaN or infinite total norm leaves every gradient
+    /// untouched and makes `read_report` return [`Error::NonFinite`].
+    pub fn error_if_nonfinite(self, on: bool) -> Self {
+        Self {
+            error_if_nonfinite: on,
+            ..self
+        }
+    }
+
+    /// The threshold the norm is clipped to.
+    pub fn max_norm(&self) -> f32 {
+        self.max_norm
+    }
+
+    /// The order of the norm.
+    pub fn norm_order(&self) -> Norm {
+        self.norm
+    }
+
+    /// Whose coefficient formula applies.
+    pub fn semantics(&self) -> Semantics {
+        self.semantics
+    }
+
+    /// Whether a non-finite norm is an error.
+    pub fn errors_if_nonfinite(&self) -> bool {
+        self.error_if_nonfinite
+    }
+
+    /// Checks the parameters and returns the reduction to run and the record
+    /// the shaders read.
+    pub(crate) fn to_record(self) -> Result<(Reduction, ClipConfig)> {
+        let m = self.max_norm;
+        let positive_needed = self.semantics == Semantics::TensorFlow;
+        if !m.is_finite() || m < 0.0 || (positive_needed && m == 0.0) {
+            return Err(Error::InvalidMaxNorm(m));
+        }
+        let (reduction, p) = match self.norm {
+            Norm::L2 => (Reduction::L2, 2.0),
+            Norm::Inf => (Reduction::Inf, f32::INFINITY),
+            Norm::L1 => (Reduction::P, 1.0),
+            Norm::P(p) if p.is_nan() || p <= 0.0 => return Err(Error::InvalidNormOrder(p)),
+            Norm::P(p) if p == f32::INFINITY => (Reduction::Inf, p),
+            Norm::P(p) if p == 2.0 => (Reduction::L2, p),
+            Norm::P(p) => (Reduction::P, p),
+        };
+        let semantics = match self.semantics {
+            Semantics::Torch => SEMANTICS_TORCH,
+            Semantics::TensorFlow => SEMANTICS_TENSORFLOW,
+        };
+        Ok((
+            reduction,
+            ClipConfig {
+                semantics,
+                error_if_nonfinite: self.error_if_nonfinite as u32,
+                p,
+                max_norm: m,
+                ..ClipConfig::default()
+            },
+        ))
+    }
+}
+
+/// The record for `clip_value(min, max)`, checked.
+pub(crate) fn clamp_record(min: f32, max: f32) -> Result<ClipConfig> {
+    if min.is_nan() || max.is_nan() || min > max {
+        return Err(Error::InvalidClampRange { min, max });
+    }
+    Ok(ClipConfig {
+        clamp_min: min,
+        clamp_max: max,
+        ..ClipConfig::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn misuse_is_rejected() {
+        for bad in [-1.0, f32::NAN, f32::INFINITY] {
+            assert!(matches!(
+                ClipNorm::new(bad).to_record(),
+                Err(Error::InvalidMaxNorm(_))
+            ));
+        }
+        assert!(ClipNorm::new(0.0).to_record().is_ok());
+        assert!(matches!(
+            ClipNorm::tensorflow(0.0).to_record(),
+            Err(Error::InvalidMaxNorm(_))
+        ));
+        for p in [0.0, -2.0, f32::NAN] {
+            assert!(matches!(
+                ClipNorm::new(1.0).norm(Norm::P(p)).to_record(),
+                Err(Error::InvalidNormOrder(_))
+            ));
+        }
+        assert!(matches!(
+            clamp_record(1.0, -1.0),
+            Err(Error::InvalidClampRange { .. })
+        ));
+        assert!(matches!(
+            clamp_record(f32::NAN, 1.0),
+            Err(Error::InvalidClampRange { .. })
+        ));
+    }
+}

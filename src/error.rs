@@ -1,0 +1,68 @@
+//! The crate's error type.
+
+/// Everything that can go wrong in gradclip. Misuse is reported before any GPU
+/// work is recorded, so the gradients are untouched whenever a call returns
+/// an error.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// `max_norm` / `clip_norm` is NaN, infinite or negative (or zero under
+    /// TensorFlow semantics, which requires it to be positive).
+    #[error(
+        "max_norm must be finite and non-negative (positive for TensorFlow semantics), got {0}"
+    )]
+    InvalidMaxNorm(f32),
+    /// A `Norm::P(p)` with p NaN or not positive.
+    #[error("norm order p must be positive and not NaN, got {0}")]
+    InvalidNormOrder(f32),
+    /// `clip_value` bounds that are NaN or out of order.
+    #[error("clip_value needs min <= max and neither NaN, got [{min}, {max}]")]
+    InvalidClampRange { min: f32, max: f32 },
+    /// A layout without any tensor.
+    #[error("a gradient layout needs at least one tensor")]
+    EmptyLayout,
+    /// The layout's total element count overflows 64 bits.
+    #[error("the layout's element count overflows")]
+    LayoutOverflow,
+    /// The layout needs more bytes than the gradient buffer has.
+    #[error("the layout needs {needed} bytes but the gradient buffer has {buffer_size}")]
+    LayoutExceedsBuffer { needed: u64, buffer_size: u64 },
+    /// The gradient buffer was created without usages the clip needs.
+    #[error("the gradient buffer lacks the usage {missing:?}")]
+    MissingUsage { missing: wgpu::BufferUsages },
+    /// The layout is larger than this device can address or bind.
+    #[error(
+        "the layout is too large for this device: {what} is {needed}, the device allows {limit}"
+    )]
+    TooLarge {
+        what: &'static str,
+        needed: u64,
+        limit: u64,
+    },
+    /// The device lacks a limit the passes need.
+    #[error("the device does not support gradclip: {what} is {have}, at least {need} is needed")]
+    UnsupportedDevice {
+        what: &'static str,
+        have: u64,
+        need: u64,
+    },
+    /// The total norm was NaN or infinite and the clip asked for
+    /// `error_if_nonfinite`: the gradients were left bit-for-bit untouched.
+    #[error("the total norm is non-finite ({total_norm}); gradients left untouched")]
+    NonFinite { total_norm: f32 },
+    /// `read_report` was called before any `clip_norm` was recorded on the set.
+    #[error("no clip_norm has been recorded on this gradient set")]
+    NoReport,
+    /// The latest recorded clips were never submitted, so no report exists yet.
+    #[error("no recorded clip_norm has been submitted yet")]
+    NotSubmitted,
+    /// Mapping the report's readback buffer failed (device lost, say).
+    #[error("reading the clip report back failed: {0}")]
+    Readback(String),
+    /// wgpu reported an error while gradclip created its objects.
+    #[error("wgpu error: {0}")]
+    Wgpu(String),
+}
+
+/// `Result` with gradclip's [`Error`].
+pub type Result<T, E = Error> = core::result::Result<T, E>;

@@ -1,0 +1,79 @@
+//! Host mirrors of the records declared in `shaders/common.wgsl`. Their byte
+//! layouts are checked against naga's layout of the WGSL structs in the test
+//! suite, so a change on one side that is not made on the other fails a test.
+
+use bytemuck::{Pod, Zeroable};
+
+/// WGSL `Chunk`: one tensor's slice, cut at the chunk length and at windows.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Chunk {
+    /// First element, counted from the start of the chunk's binding window.
+    pub start: u32,
+    pub len: u32,
+    pub tensor: u32,
+}
+
+/// WGSL `Partial`: one chunk's reduction (its size is all the host needs).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
+pub struct Partial {
+    pub v: [f32; 3],
+    pub flags: u32,
+}
+
+/// WGSL `WindowInfo`: written once per binding window.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct WindowInfo {
+    pub chunk_begin: u32,
+    pub chunk_end: u32,
+    pub chunk_count: u32,
+    pub workgroups: u32,
+}
+
+/// WGSL `ClipConfig`: one clip's parameters.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
+pub struct ClipConfig {
+    pub semantics: u32,
+    pub error_if_nonfinite: u32,
+    pub p: f32,
+    pub max_norm: f32,
+    pub clamp_min: f32,
+    pub clamp_max: f32,
+    pub _pad0: u32,
+    pub _pad1: u32,
+}
+
+impl ClipConfig {
+    /// Bitwise identity, so that cached configurations compare exactly
+    /// (NaN-free by validation, but -0.0 and 0.0 must stay distinct).
+    pub fn same_bits(&self, other: &Self) -> bool {
+        bytemuck::bytes_of(self) == bytemuck::bytes_of(other)
+    }
+}
+
+/// WGSL `ClipState`: the result finalize leaves on the GPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
+pub struct ClipState {
+    pub total_norm: f32,
+    pub coefficient: f32,
+    pub nonfinite: u32,
+    pub scale_kind: u32,
+    pub dispatch: [u32; 3],
+    pub _pad: u32,
+}
+
+/// Byte offset of the scale pass's indirect arguments inside `ClipState`.
+pub const DISPATCH_OFFSET: u64 = core::mem::offset_of!(ClipState, dispatch) as u64;
+/// Byte size of one indirect dispatch (x, y, z).
+pub const DISPATCH_SIZE: u64 = 12;
+
+/// Values of WGSL's `SEMANTICS_*` constants.
+pub const SEMANTICS_TORCH: u32 = 0;
+pub const SEMANTICS_TENSORFLOW: u32 = 1;
+/// Bits of WGSL's `FLAG_*` constants in `ClipState::nonfinite`.
+pub const FLAG_INF: u32 = 1;
+pub const FLAG_NAN: u32 = 2;
