@@ -111,18 +111,32 @@ fn decode(a: u32) -> Decoded {
     return Decoded(bitcast<f32>(ONE_BITS | ((a << shift) & MANT_MASK)), -126 - i32(shift));
 }
 
-// x * 2^k for an x in [2^-64, 2^64], computed without an indeterminate ldexp:
-// +inf when the result overflows.
+// x * 2^k by exponent arithmetic on the bits: exact whenever the result is a
+// normal float, +-inf above that range. A fast-math compiler may reassociate
+// chains of constant multiplies (turning (x * 2^86) * 2^86 into x * inf);
+// integer arithmetic it cannot touch. Zero and subnormal x give signed zero.
+fn mul_pow2(x: f32, k: i32) -> f32 {
+    let bits = bitcast<u32>(x);
+    let sign = bits & SIGN_MASK;
+    let e = i32((bits >> 23u) & 0xffu);
+    let n = e + k;
+    if e == 0 || n <= 0 {
+        return bitcast<f32>(sign);
+    }
+    if n >= 255 {
+        return bitcast<f32>(sign | POS_INF);
+    }
+    return bitcast<f32>((bits & ~EXP_MASK) | (u32(n) << 23u));
+}
+
+// Like mul_pow2, but a result below the normal range comes out as a
+// subnormal where the device keeps them (the reported norm may be that small).
 fn scale_pow2(x: f32, k: i32) -> f32 {
-    let e = i32((bitcast<u32>(x) >> 23u) & 0xffu) - 127;
-    if e + k > 127 {
-        return bitcast<f32>(POS_INF);
+    let e = i32((bitcast<u32>(x) >> 23u) & 0xffu);
+    if e != 0 && e + k <= 0 {
+        return ldexp(mul_pow2(x, 64), k - 64);
     }
-    if e + k < -126 {
-        // Below the normal range: two steps so that neither factor is out of range.
-        return ldexp(ldexp(x, k / 2), k - k / 2);
-    }
-    return ldexp(x, k);
+    return mul_pow2(x, k);
 }
 
 fn is_finite_f32(x: f32) -> bool {

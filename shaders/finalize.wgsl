@@ -23,15 +23,10 @@ fn fold_partials(t: u32, kind: u32) {
 
 // The ratio max_norm / norm for a norm y * 2^k that overflows f32.
 fn coefficient_of_huge(y: f32, k: i32) -> f32 {
-    let r = cfg.max_norm / y;
-    let e = i32((bitcast<u32>(r) >> 23u) & 0xffu) - 127;
-    if e - k < -126 {
-        return ldexp(ldexp(r, -k / 2), -k + k / 2);
-    }
-    return ldexp(r, -k);
+    return scale_pow2(cfg.max_norm / y, -k);
 }
 
-// Writes ClipState for a total norm y * 2^k (y in [2^-64, 2^64]) and the
+// Writes ClipState for a total norm y * 2^k (y a normal float) and the
 // non-finite flags of the elements.
 fn finish(y: f32, k: i32, flags: u32) {
     var st: ClipState;
@@ -78,14 +73,15 @@ fn finalize_l2(@builtin(local_invocation_index) t: u32) {
         let small = wg_v[0].x;
         let medium = wg_v[0].y;
         let big = wg_v[0].z;
-        // Bring the bins to the scale of the largest non-empty one; the
-        // two-step products keep each factor inside the normal range.
+        // Bring the bins to the scale of the largest non-empty one (the
+        // squares carry twice the element scale); what falls below the
+        // normal range there is negligible against the bin it joins.
         if big > 0.0 {
-            finish(sqrt(big + (medium * 0x1p-84f) * 0x1p-84f), 84, wg_f[0]);
+            finish(sqrt(big + mul_pow2(medium, -168)), 84, wg_f[0]);
         } else if medium >= 0x1p-50f || small == 0.0 {
-            finish(sqrt(medium + (small * 0x1p-86f) * 0x1p-86f), 0, wg_f[0]);
+            finish(sqrt(medium + mul_pow2(small, -172)), 0, wg_f[0]);
         } else {
-            finish(sqrt(small + (medium * 0x1p86f) * 0x1p86f), -86, wg_f[0]);
+            finish(sqrt(small + mul_pow2(medium, 172)), -86, wg_f[0]);
         }
     }
 }

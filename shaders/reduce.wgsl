@@ -27,14 +27,15 @@ fn reduce_l2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
             if a >= EXP_MASK {
                 flags |= nonfinite_flags(a);
             } else if a >= TBIG_BITS {
-                let y = bitcast<f32>(a) * 0x1p-84f;
+                let y = bitcast<f32>(a - (84u << 23u)); // |g| * 2^-84, exactly
                 acc.z += y * y;
             } else if a >= TSML_BITS {
                 let y = bitcast<f32>(a);
                 acc.y += y * y;
             } else if a != 0u {
-                // Subnormals are rebuilt from their mantissa: mant * 2^-149 * 2^86.
-                let y = select(bitcast<f32>(a) * 0x1p86f, f32(a) * 0x1p-63f, a < 0x00800000u);
+                // |g| * 2^86 exactly; subnormals are rebuilt from their
+                // mantissa (mant * 2^-149 * 2^86) so that no flush loses them.
+                let y = select(bitcast<f32>(a + (86u << 23u)), f32(a) * 0x1p-63f, a < 0x00800000u);
                 acc.x += y * y;
             }
         }

@@ -1,0 +1,120 @@
+//! Shared test support: the GPU device, upload and readback of gradient
+//! buffers, the float64 reference and the golden data.
+#![allow(dead_code)]
+
+pub mod golden;
+pub mod reference;
+
+use std::sync::OnceLock;
+
+use wgpu::util::DeviceExt;
+
+pub struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub clipper: gradclip::Clipper,
+}
+
+/// The adapter wgpu picks from the environment. No adapter is a failure,
+/// never a skip: a test that cannot reach a GPU proves nothing.
+pub fn gpu() -> &'static Gpu {
+    static GPU: OnceLock<Gpu> = OnceLock::new();
+    GPU.get_or_init(|| {
+        let (device, queue, info) = pollster::block_on(gradclip::default_device())
+            .unwrap_or_else(|e| panic!("no wgpu adapter for the GPU tests: {e}"));
+        if let Ok(wanted) = std::env::var("WGPU_BACKEND") {
+            let got = format!("{:?}", info.backend).to_lowercase();
+            assert!(
+                wanted
+                    .to_lowercase()
+                    .split(',')
+                    .any(|w| got.starts_with(w.trim())),
+                "WGPU_BACKEND={wanted} but the adapter is on {got}"
+            );
+        }
+        eprintln!(
+            "adapter: {} ({:?}, {:?})",
+            info.name, info.backend, info.device_type
+        );
+        let clipper = gradclip::Clipper::new(&device, &queue).expect("Clipper::new");
+        Gpu {
+            device,
+            queue,
+            info,
+            clipper,
+        }
+    })
+}
+
+pub const GRAD_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+    .union(wgpu::BufferUsages::COPY_SRC)
+    .union(wgpu::BufferUsages::COPY_DST);
+
+pub fn upload(device: &wgpu::Device, data: &[f32]) -> wgpu::Buffer {
+    // wgpu rejects empty buffers in bindings; keep at least one element.
+    let bytes: &[u8] = if data.is_empty() {
+        &[0; 4]
+    } else {
+        bytemuck::cast_slice(data)
+    };
+    device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: Some("test gradients"),
+        contents: bytes,
+        usage: GRAD_USAGE,
+    })
+}
+
+pub fn download(
+    device: &wgpu::Device,
+    queue: &wgpu::Queue,
+    buffer: &wgpu::Buffer,
+    len: usize,
+) -> Vec<f32> {
+    if len == 0 {
+        return Vec::new();
+    }
+    let size = (len * 4) as u64;
+    let staging = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("test readback"),
+        size,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let mut encoder = device.create_command_encoder(&Default::default());
+    encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, size);
+    queue.submit([encoder.finish()]);
+    staging.map_async(wgpu::MapMode::Read, .., |r| r.expect("map readback"));
+    device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .expect("poll");
+    let out = bytemuck::cast_slice(&staging.get_mapped_range(..).expect("mapped range")).to_vec();
+    staging.unmap();
+    out
+}
+
+/// Runs `record` on a fresh encoder, submits it, and returns the report (or
+/// the error) of the latest clip together with the gradients afterwards.
+pub fn run_clip(
+    data: &[f32],
+    sizes: &[usize],
+    record: impl FnOnce(&gradclip::GradSet, &mut wgpu::CommandEncoder) -> gradclip::Result<()>,
+) -> (gradclip::Result<gradclip::ClipReport>, Vec<f32>) {
+    let g = gpu();
+    let buffer = upload(&g.device, data);
+    let layout = gradclip::GradLayout::from_sizes(sizes).expect("layout");
+    let set = g.clipper.bind(&buffer, &layout).expect("bind");
+    let mut encoder = g.device.create_command_encoder(&Default::default());
+    record(&set, &mut encoder).expect("record");
+    g.queue.submit([encoder.finish()]);
+    let report = pollster::block_on(set.read_report());
+    (report, download(&g.device, &g.queue, &buffer, data.len()))
+}
+
+/// Relative difference, with NaN equal to NaN and equal infinities equal.
+pub fn rel_diff(got: f64, want: f64) -> f64 {
+    if got.is_nan() && want.is_nan() || got == want {
+        return 0.0;
+    }
+    (got - want).abs() / want.abs().max(f64::MIN_POSITIVE)
+}
