@@ -267,6 +267,13 @@ impl GradSet {
         &self.layout
     }
 
+    /// The [`ClipState`](crate::records::ClipState) record finalize writes
+    /// on the GPU (total norm, coefficient, flags, the scale pass's dispatch);
+    /// it has `COPY_SRC` usage, for tools that inspect a clip.
+    pub fn state_buffer(&self) -> &wgpu::Buffer {
+        &self.state
+    }
+
     /// Number of binding windows the gradients are split into (1 unless the
     /// buffer is larger than the device's storage binding limit).
     pub fn window_count(&self) -> usize {

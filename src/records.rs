@@ -77,3 +77,42 @@ pub const SEMANTICS_TENSORFLOW: u32 = 1;
 /// Bits of WGSL's `FLAG_*` constants in `ClipState::nonfinite`.
 pub const FLAG_INF: u32 = 1;
 pub const FLAG_NAN: u32 = 2;
+
+/// `(WGSL struct name, size, [(member, offset)])` of every record the host
+/// shares with the shaders, for the layout check in the test suite.
+pub fn layouts() -> Vec<(&'static str, usize, Vec<(&'static str, usize)>)> {
+    use core::mem::{offset_of, size_of};
+    macro_rules! record {
+        ($t:ident { $($f:ident),* }) => {
+            (stringify!($t), size_of::<$t>(), vec![$((stringify!($f), offset_of!($t, $f))),*])
+        };
+    }
+    vec![
+        record!(Chunk { start, len, tensor }),
+        record!(Partial { v, flags }),
+        record!(WindowInfo {
+            chunk_begin,
+            chunk_end,
+            chunk_count,
+            workgroups
+        }),
+        record!(ClipConfig {
+            semantics,
+            error_if_nonfinite,
+            p,
+            max_norm,
+            clamp_min,
+            clamp_max,
+            _pad0,
+            _pad1
+        }),
+        record!(ClipState {
+            total_norm,
+            coefficient,
+            nonfinite,
+            scale_kind,
+            dispatch,
+            _pad
+        }),
+    ]
+}

@@ -28,9 +28,12 @@ const STATE_SIZE: u64 = core::mem::size_of::<ClipState>() as u64;
 #[derive(Clone, Debug)]
 enum Status {
     Idle,
-    /// A copy and a map were recorded; the map callback has not run yet.
+    /// A copy and a map were recorded; the map callback has not run yet
+    /// (natively the buffer may already be mapped: another thread's poll can
+    /// still be on its way to the callback).
     Pending {
         step: u64,
+        error_if_nonfinite: bool,
     },
     /// Mapped: the report of `step` can be read.
     Ready {
@@ -130,7 +133,10 @@ impl ReportRing {
             if matches!(*status, Status::Ready { .. }) {
                 slot.buffer.unmap();
             }
-            *status = Status::Pending { step };
+            *status = Status::Pending {
+                step,
+                error_if_nonfinite,
+            };
             slot.shared.done.reset();
         }
         encoder.copy_buffer_to_buffer(state, 0, &slot.buffer, 0, STATE_SIZE);
@@ -176,44 +182,45 @@ impl ReportRing {
         self.take_newest()
     }
 
+    /// Reads the newest report that is back, if it is newer than the last one read.
     fn take_newest(&self) -> Result<ClipReport> {
-        let newest = (0..SLOTS)
-            .filter(|&i| {
-                matches!(
-                    *lock(&self.slots[i].shared.status),
-                    Status::Ready { .. } | Status::Failed { .. }
-                )
-            })
-            .max_by_key(|&i| lock(&self.slots[i].shared.status).step());
         let mut last_read = lock(&self.last_read);
         let cached_step = last_read.map(|(r, _)| r.step);
-        if let Some(i) = newest {
+        let mut by_step: Vec<(u64, usize)> = (0..SLOTS)
+            .filter_map(|i| lock(&self.slots[i].shared.status).step().map(|s| (s, i)))
+            .collect();
+        by_step.sort_unstable_by(|a, b| b.cmp(a));
+        for (step, i) in by_step {
+            if Some(step) <= cached_step {
+                break;
+            }
             let slot = &self.slots[i];
             let mut status = lock(&slot.shared.status);
-            if status.step() > cached_step {
-                match status.clone() {
-                    Status::Ready {
-                        step,
-                        error_if_nonfinite,
-                    } => {
-                        let state: ClipState = {
-                            let view = slot
-                                .buffer
-                                .get_mapped_range(..)
-                                .map_err(|e| Error::Readback(e.to_string()))?;
-                            bytemuck::pod_read_unaligned(&view[..STATE_SIZE as usize])
-                        };
-                        slot.buffer.unmap();
-                        *status = Status::Idle;
-                        *last_read = Some((report_of(&state, step), error_if_nonfinite));
-                    }
-                    Status::Failed { message, .. } => {
-                        *status = Status::Idle;
-                        return Err(Error::Readback(message));
-                    }
-                    Status::Idle | Status::Pending { .. } => {}
+            let error_if_nonfinite = match status.clone() {
+                Status::Ready {
+                    error_if_nonfinite, ..
+                } => error_if_nonfinite,
+                // Natively a buffer mapped before its callback ran is done; an
+                // unmapped one was not submitted (get_mapped_range just fails).
+                // In the browser only the callback says so.
+                Status::Pending {
+                    error_if_nonfinite, ..
+                } if cfg!(not(target_arch = "wasm32")) => error_if_nonfinite,
+                Status::Failed { message, .. } => {
+                    *status = Status::Idle;
+                    return Err(Error::Readback(message));
                 }
-            }
+                _ => continue,
+            };
+            let Ok(view) = slot.buffer.get_mapped_range(..) else {
+                continue;
+            };
+            let state: ClipState = bytemuck::pod_read_unaligned(&view[..STATE_SIZE as usize]);
+            drop(view);
+            slot.buffer.unmap();
+            *status = Status::Idle;
+            *last_read = Some((report_of(&state, step), error_if_nonfinite));
+            break;
         }
         match *last_read {
             None => Err(Error::NotSubmitted),

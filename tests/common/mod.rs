@@ -5,7 +5,7 @@
 pub mod golden;
 pub mod reference;
 
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use wgpu::util::DeviceExt;
 
@@ -45,6 +45,24 @@ pub fn gpu() -> &'static Gpu {
             clipper,
         }
     })
+}
+
+/// wgpu errors that reached the device's uncaptured-error handler: gradclip
+/// must never let one through, so every GPU helper asserts there are none.
+static UNCAPTURED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+pub fn watch_errors(device: &wgpu::Device) {
+    device.on_uncaptured_error(Arc::new(|e: wgpu::Error| {
+        UNCAPTURED.lock().unwrap().push(e.to_string());
+    }));
+}
+
+pub fn assert_no_wgpu_errors() {
+    let errors = UNCAPTURED.lock().unwrap();
+    assert!(
+        errors.is_empty(),
+        "wgpu errors reached the uncaptured handler: {errors:#?}"
+    );
 }
 
 pub const GRAD_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
@@ -108,7 +126,9 @@ pub fn run_clip(
     record(&set, &mut encoder).expect("record");
     g.queue.submit([encoder.finish()]);
     let report = pollster::block_on(set.read_report());
-    (report, download(&g.device, &g.queue, &buffer, data.len()))
+    let after = download(&g.device, &g.queue, &buffer, data.len());
+    assert_no_wgpu_errors();
+    (report, after)
 }
 
 /// Relative difference, with NaN equal to NaN and equal infinities equal.

@@ -1,0 +1,252 @@
+//! Shader checks that need no GPU: every pass module parses and validates
+//! with naga, translates for each backend wgpu has (SPIR-V for Vulkan, MSL
+//! for Metal, HLSL for DX12, GLSL for GL), and the values the host relies on
+//! (workgroup size override, record layouts, flag constants, entry points)
+//! are read from the shader and compared with the Rust side.
+
+use gradclip::records;
+use gradclip::shaders::{PassModule, MODULES, WORKGROUP_SIZE_OVERRIDE};
+use naga::back::{glsl, hlsl, msl, spv};
+use naga::valid::{Capabilities, ModuleInfo, ValidationFlags, Validator};
+
+fn parse(pass: &PassModule) -> (naga::Module, ModuleInfo) {
+    let source = pass.source();
+    let module = naga::front::wgsl::parse_str(&source)
+        .unwrap_or_else(|e| panic!("{}: {}", pass.name, e.emit_to_string(&source)));
+    let info = Validator::new(ValidationFlags::all(), Capabilities::empty())
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{}: {}", pass.name, e.emit_to_string(&source)));
+    (module, info)
+}
+
+/// The module with `WG` set, as the host does when it creates pipelines.
+fn specialised(pass: &PassModule, wg: u32, entry: &str) -> (naga::Module, ModuleInfo) {
+    let (module, info) = parse(pass);
+    let constants: naga::back::PipelineConstants =
+        [(WORKGROUP_SIZE_OVERRIDE.to_string(), wg as f64)]
+            .into_iter()
+            .collect();
+    let (module, info) = naga::back::pipeline_constants::process_overrides(
+        &module,
+        &info,
+        Some((naga::ShaderStage::Compute, entry)),
+        &constants,
+    )
+    .unwrap_or_else(|e| panic!("{}: {entry}: overrides: {e}", pass.name));
+    (module.into_owned(), info.into_owned())
+}
+
+#[test]
+fn every_module_validates_and_lists_exactly_its_entry_points() {
+    for pass in MODULES {
+        let (module, _) = parse(&pass);
+        let mut found: Vec<&str> = module
+            .entry_points
+            .iter()
+            .map(|e| e.name.as_str())
+            .collect();
+        let mut listed = pass.entry_points.to_vec();
+        found.sort();
+        listed.sort();
+        assert_eq!(found, listed, "{}: entry points", pass.name);
+        for ep in &module.entry_points {
+            assert_eq!(
+                ep.stage,
+                naga::ShaderStage::Compute,
+                "{}: {}",
+                pass.name,
+                ep.name
+            );
+        }
+    }
+}
+
+#[test]
+fn every_entry_point_translates_for_every_backend() {
+    for pass in MODULES {
+        for &entry in pass.entry_points {
+            let (module, info) = specialised(&pass, 256, entry);
+            let what = format!("{} / {entry}", pass.name);
+
+            let spv_options = spv::Options::default();
+            let spv_pipeline = spv::PipelineOptions {
+                shader_stage: naga::ShaderStage::Compute,
+                entry_point: entry.to_string(),
+            };
+            let words = spv::write_vec(&module, &info, &spv_options, Some(&spv_pipeline))
+                .unwrap_or_else(|e| panic!("{what}: SPIR-V: {e}"));
+            assert_eq!(words[0], 0x0723_0203, "{what}: SPIR-V magic");
+
+            let msl_pipeline = msl::PipelineOptions {
+                entry_point: Some((naga::ShaderStage::Compute, entry.to_string())),
+                ..Default::default()
+            };
+            let (metal, _) =
+                msl::write_string(&module, &info, &msl::Options::default(), &msl_pipeline)
+                    .unwrap_or_else(|e| panic!("{what}: MSL: {e}"));
+            assert!(metal.contains("kernel"), "{what}: MSL has a kernel");
+
+            let hlsl_options = hlsl::Options::default();
+            let hlsl_pipeline = hlsl::PipelineOptions {
+                entry_point: Some((naga::ShaderStage::Compute, entry.to_string())),
+            };
+            let mut hlsl_out = String::new();
+            hlsl::Writer::new(&mut hlsl_out, &hlsl_options, &hlsl_pipeline)
+                .write(&module, &info, None)
+                .unwrap_or_else(|e| panic!("{what}: HLSL: {e}"));
+            assert!(
+                hlsl_out.contains("[numthreads(256, 1, 1)]"),
+                "{what}: HLSL numthreads"
+            );
+
+            let glsl_options = glsl::Options {
+                version: glsl::Version::Embedded {
+                    version: 310,
+                    is_webgl: false,
+                },
+                ..Default::default()
+            };
+            let glsl_pipeline = glsl::PipelineOptions {
+                shader_stage: naga::ShaderStage::Compute,
+                entry_point: entry.to_string(),
+                multiview: None,
+            };
+            let mut glsl_out = String::new();
+            glsl::Writer::new(
+                &mut glsl_out,
+                &module,
+                &info,
+                &glsl_options,
+                &glsl_pipeline,
+                naga::proc::BoundsCheckPolicies::default(),
+            )
+            .and_then(|mut w| w.write())
+            .unwrap_or_else(|e| panic!("{what}: GLSL: {e}"));
+            assert!(
+                glsl_out.contains("local_size_x = 256"),
+                "{what}: GLSL local size"
+            );
+        }
+    }
+}
+
+#[test]
+fn workgroup_size_comes_from_the_host_override() {
+    // Every entry point's size is the override, and injecting it sets it:
+    // the host never repeats the number.
+    for pass in MODULES {
+        for &entry in pass.entry_points {
+            for wg in [32, 64, 256] {
+                let (module, _) = specialised(&pass, wg, entry);
+                let ep = module
+                    .entry_points
+                    .iter()
+                    .find(|e| e.name == entry)
+                    .unwrap();
+                assert_eq!(
+                    ep.workgroup_size,
+                    [wg, 1, 1],
+                    "{} / {entry} with WG={wg}",
+                    pass.name
+                );
+            }
+        }
+    }
+}
+
+/// Size and member offsets of a WGSL struct, by name, from naga's layouter.
+fn wgsl_struct(module: &naga::Module, name: &str) -> (u32, Vec<(String, u32)>) {
+    let mut layouter = naga::proc::Layouter::default();
+    layouter.update(module.to_ctx()).expect("layout");
+    let (handle, ty) = module
+        .types
+        .iter()
+        .find(|(_, t)| t.name.as_deref() == Some(name))
+        .unwrap_or_else(|| panic!("no WGSL struct {name}"));
+    let naga::TypeInner::Struct { members, span } = &ty.inner else {
+        panic!("{name} is not a struct")
+    };
+    assert_eq!(*span, layouter[handle].size, "{name}: span");
+    (
+        *span,
+        members
+            .iter()
+            .map(|m| (m.name.clone().unwrap_or_default(), m.offset))
+            .collect(),
+    )
+}
+
+#[test]
+fn record_layouts_match_the_rust_mirrors() {
+    let (module, _) = parse(&MODULES[0]);
+    for (name, size, fields) in records::layouts() {
+        let (wgsl_size, wgsl_fields) = wgsl_struct(&module, name);
+        assert_eq!(wgsl_size as usize, size, "{name}: size");
+        let rust: Vec<(String, u32)> = fields
+            .iter()
+            .map(|(n, o)| (n.to_string(), *o as u32))
+            .collect();
+        assert_eq!(wgsl_fields, rust, "{name}: members and offsets");
+    }
+    assert_eq!(
+        records::DISPATCH_OFFSET,
+        core::mem::offset_of!(records::ClipState, dispatch) as u64
+    );
+}
+
+fn u32_constant(module: &naga::Module, name: &str) -> u32 {
+    let (_, c) = module
+        .constants
+        .iter()
+        .find(|(_, c)| c.name.as_deref() == Some(name))
+        .unwrap_or_else(|| panic!("no WGSL constant {name}"));
+    match module.global_expressions[c.init] {
+        naga::Expression::Literal(naga::Literal::U32(v)) => v,
+        ref other => panic!("{name}: not a u32 literal: {other:?}"),
+    }
+}
+
+#[test]
+fn flag_constants_match_the_host() {
+    let (module, _) = parse(&MODULES[1]);
+    assert_eq!(
+        u32_constant(&module, "SEMANTICS_TORCH"),
+        records::SEMANTICS_TORCH
+    );
+    assert_eq!(
+        u32_constant(&module, "SEMANTICS_TENSORFLOW"),
+        records::SEMANTICS_TENSORFLOW
+    );
+    assert_eq!(u32_constant(&module, "FLAG_INF"), records::FLAG_INF);
+    assert_eq!(u32_constant(&module, "FLAG_NAN"), records::FLAG_NAN);
+}
+
+#[test]
+fn every_entry_point_is_documented() {
+    // House rule: a comment right above each entry point says what it reads,
+    // what it writes and its dispatch shape.
+    for pass in MODULES {
+        let source = pass.source();
+        let lines: Vec<&str> = source.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            if !line.trim_start().starts_with("@compute") {
+                continue;
+            }
+            let comment: Vec<&str> = lines[..i]
+                .iter()
+                .rev()
+                .take_while(|l| l.trim_start().starts_with("//"))
+                .copied()
+                .collect();
+            let text = comment.join(" ").to_lowercase();
+            for word in ["reads", "writes", "dispatch"] {
+                assert!(
+                    text.contains(word),
+                    "{}: entry point at line {} lacks '{word}' in its comment",
+                    pass.name,
+                    i + 1
+                );
+            }
+        }
+    }
+}
