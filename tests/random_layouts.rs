@@ -1,0 +1,85 @@
+//! Property tests: random layouts (up to thousands of tensors, sizes 0 to
+//! 70 000, magnitudes across the whole f32 range) against the float64
+//! reference, for every norm order and both semantics.
+
+mod common;
+
+use common::reference::{self, assert_close, assert_identical, Order};
+use common::{rel_diff, run_clip};
+use gradclip::ClipNorm;
+use proptest::prelude::*;
+
+/// One tensor: its size and the binary exponent of its magnitude.
+fn tensor() -> impl Strategy<Value = (usize, i32)> {
+    let size = prop_oneof![6 => 0..64usize, 3 => 64..4096usize, 1 => 4096..70_000usize];
+    (size, -140..120i32)
+}
+
+fn layout() -> impl Strategy<Value = Vec<(usize, i32)>> {
+    prop_oneof![1 => prop::collection::vec(tensor(), 1..16), 3 => prop::collection::vec(tensor(), 500..2500)]
+}
+
+fn order() -> impl Strategy<Value = Order> {
+    prop_oneof![
+        3 => Just(Order::L2),
+        1 => Just(Order::Inf),
+        1 => Just(Order::P(1.0)),
+        1 => (0.25f64..8.0).prop_map(|p| Order::P((p * 4.0).round() / 4.0)),
+    ]
+}
+
+/// Gradients for a layout: each tensor's values are uniform in ±2^exponent,
+/// with some exact zeros; deterministic in `seed`.
+fn fill(tensors: &[(usize, i32)], seed: u64) -> Vec<f32> {
+    let mut x = seed | 1;
+    let mut out = Vec::new();
+    for &(size, exponent) in tensors {
+        let scale = 2f64.powi(exponent);
+        for _ in 0..size {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let u = (x >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0;
+            out.push(if x % 17 == 0 { 0.0 } else { (u * scale) as f32 });
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, max_shrink_iters: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn gpu_matches_float64_reference(
+        tensors in layout(),
+        seed in any::<u64>(),
+        order in order(),
+        ratio in prop_oneof![Just(0.3f64), Just(3.0f64)],
+        tensorflow in any::<bool>(),
+    ) {
+        let sizes: Vec<usize> = tensors.iter().map(|t| t.0).collect();
+        let data = fill(&tensors, seed);
+        let want = reference::norm(&data, order);
+        // A threshold below or above the norm: clip and no-clip steps.
+        let max_norm = ((want * ratio) as f32).clamp(f32::MIN_POSITIVE, f32::MAX);
+        let clip = if tensorflow { ClipNorm::tensorflow(max_norm) } else { ClipNorm::new(max_norm) };
+        let clip = clip.norm(order.to_norm());
+        let (report, after) = run_clip(&data, &sizes, |set, enc| set.clip_norm(enc, &clip));
+        let report = report.unwrap();
+
+        let want_f32 = if want > f32::MAX as f64 { f64::INFINITY } else { want };
+        prop_assert!(
+            rel_diff(report.total_norm as f64, want_f32) <= 1e-5,
+            "{} tensors, {:?}: norm {:e}, want {:e}", sizes.len(), order, report.total_norm, want
+        );
+        let expect = if tensorflow {
+            reference::tensorflow_clipped(&data, want, max_norm as f64)
+        } else {
+            reference::torch_clipped(&data, want, max_norm as f64)
+        };
+        if report.coefficient == 1.0 {
+            assert_identical(&after, &data, "coefficient 1: untouched");
+        }
+        assert_close(&after, &expect, 1e-5, &format!("{order:?} clipped"));
+    }
+}
