@@ -78,9 +78,12 @@ pub const SEMANTICS_TENSORFLOW: u32 = 1;
 pub const FLAG_INF: u32 = 1;
 pub const FLAG_NAN: u32 = 2;
 
-/// `(WGSL struct name, size, [(member, offset)])` of every record the host
-/// shares with the shaders, for the layout check in the test suite.
-pub fn layouts() -> Vec<(&'static str, usize, Vec<(&'static str, usize)>)> {
+/// A record's WGSL struct name, byte size and `(member, offset)` pairs.
+pub type RecordLayout = (&'static str, usize, Vec<(&'static str, usize)>);
+
+/// The layout of every record the host shares with the shaders, for the
+/// layout check in the test suite.
+pub fn layouts() -> Vec<RecordLayout> {
     use core::mem::{offset_of, size_of};
     macro_rules! record {
         ($t:ident { $($f:ident),* }) => {

@@ -40,7 +40,11 @@ fn fill(tensors: &[(usize, i32)], seed: u64) -> Vec<f32> {
             x ^= x >> 7;
             x ^= x << 17;
             let u = (x >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0;
-            out.push(if x % 17 == 0 { 0.0 } else { (u * scale) as f32 });
+            out.push(if x.is_multiple_of(17) {
+                0.0
+            } else {
+                (u * scale) as f32
+            });
         }
     }
     out
