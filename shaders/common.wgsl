@@ -14,6 +14,11 @@ override WG: u32 = 256u;
 const SEMANTICS_TORCH: u32 = 0u;
 const SEMANTICS_TENSORFLOW: u32 = 1u;
 
+// ClipConfig.flags bits
+const CFG_TENSOR_NORMS: u32 = 1u; // compute every tensor's norm
+const CFG_PER_TENSOR: u32 = 2u;   // clip each tensor by its own norm
+const CFG_NO_SCALE: u32 = 4u;     // norm and coefficient only: leave the gradients alone
+
 // ClipState.nonfinite bits
 const FLAG_INF: u32 = 1u;
 const FLAG_NAN: u32 = 2u;
@@ -22,6 +27,7 @@ const FLAG_NAN: u32 = 2u;
 const SCALE_MULTIPLY: u32 = 0u;    // g * coefficient (every g is finite here)
 const SCALE_ZERO_FINITE: u32 = 1u; // PyTorch with an inf norm: finite -> signed 0, inf/NaN -> NaN
 const SCALE_ALL_NAN: u32 = 2u;     // NaN norm (or TensorFlow with any non-finite norm)
+const SCALE_PER_TENSOR: u32 = 3u;  // g * stats.tensors[tensor].coefficient
 
 const ABS_MASK: u32 = 0x7fffffffu;
 const EXP_MASK: u32 = 0x7f800000u;
@@ -39,10 +45,11 @@ struct Chunk {
     tensor: u32,
 }
 
-// What one workgroup leaves for one chunk. For L2, v = (small, medium, big)
-// scaled sums of squares; for Inf, v.x = bits of max |g|; for general p,
-// v = (s, m, E) with the chunk's p-th power sum s relative to the largest
-// element m * 2^E.
+// A reduction of some elements, in a form that combines exactly with others:
+// one chunk's (in partials), a tensor's, or all of them (Stats.partial, which
+// ranks of a sharded model exchange). For L2, v = (small, medium, big) scaled
+// sums of squares; for Inf, v.x = bits of max |g|; for general p, v = (s, m,
+// E) with the p-th power sum s relative to the largest element m * 2^E.
 struct Partial {
     v: vec3<f32>,
     flags: u32,
@@ -54,6 +61,7 @@ struct WindowInfo {
     chunk_end: u32,    // one past the last chunk of this window
     chunk_count: u32,  // chunks of all windows (what finalize reads)
     workgroups: u32,   // workgroups of every grid-stride dispatch
+    tensor_count: u32,
 }
 
 // One clip's parameters, written by the host once per distinct configuration.
@@ -64,8 +72,8 @@ struct ClipConfig {
     max_norm: f32,
     clamp_min: f32,
     clamp_max: f32,
-    _pad0: u32,
-    _pad1: u32,
+    flags: u32,  // CFG_*
+    _pad: u32,
 }
 
 // The clip's result, written by finalize, read by scale and copied to the host.
@@ -81,7 +89,24 @@ struct ClipState {
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 @group(0) @binding(1) var<storage, read> chunks: array<Chunk>;
 @group(0) @binding(2) var<storage, read_write> partials: array<Partial>;
-@group(0) @binding(3) var<storage, read_write> state: ClipState;
+// One tensor's chunk range (written by the host) and its norm and
+// coefficient (written by finalize when asked for).
+struct TensorStat {
+    chunk_begin: u32,
+    chunk_end: u32,
+    norm: f32,
+    coefficient: f32,
+}
+
+// Everything finalize leaves on the GPU; `state` comes first so that
+// optimizers can bind the first 32 bytes alone.
+struct Stats {
+    state: ClipState,
+    partial: Partial,
+    tensors: array<TensorStat>,
+}
+
+@group(0) @binding(3) var<storage, read_write> stats: Stats;
 @group(0) @binding(4) var<uniform> win: WindowInfo;
 @group(0) @binding(5) var<uniform> cfg: ClipConfig;
 

@@ -1,132 +1,209 @@
 // Finalize pass: one workgroup folds every chunk's Partial in a fixed order
-// into the total norm, turns it into the clip coefficient with the requested
-// semantics, and writes ClipState, including the scale pass's indirect
-// dispatch (zero workgroups when nothing needs to change).
+// into the total, computes per-tensor norms and coefficients when asked,
+// turns the total into the clip coefficient with the requested semantics,
+// and writes Stats, including the scale pass's indirect dispatch (zero
+// workgroups when nothing needs to change). Reduction kinds: 0 = L2, 1 = Inf,
+// 2 = general p.
 
-// Folds partials[0 .. win.chunk_count) into wg_v[0] / wg_f[0].
-fn fold_partials(t: u32, kind: u32) {
+// A norm as an f32 (inf if it overflows) and exactly as y * 2^k.
+struct NormValue {
+    norm: f32,
+    y: f32,
+    k: i32,
+}
+
+fn norm_value(q: Partial, kind: u32) -> NormValue {
+    switch kind {
+        case 0u: {
+            let small = q.v.x;
+            let medium = q.v.y;
+            let big = q.v.z;
+            // Bring the bins to the scale of the largest non-empty one (the
+            // squares carry twice the element scale); what falls below the
+            // normal range there is negligible against the bin it joins.
+            var y: f32;
+            var k: i32;
+            if big > 0.0 {
+                y = sqrt(big + mul_pow2(medium, -168));
+                k = 84;
+            } else if medium >= 0x1p-50f || small == 0.0 {
+                y = sqrt(medium + mul_pow2(small, -172));
+                k = 0;
+            } else {
+                y = sqrt(small + mul_pow2(medium, 172));
+                k = -86;
+            }
+            return NormValue(scale_pow2(y, k), y, k);
+        }
+        case 1u: {
+            // Exact: the bits of the largest |g|, subnormal or not.
+            return NormValue(q.v.x, 1.0, 0);
+        }
+        default: {
+            let s = q.v.x;
+            if s == 0.0 {
+                return NormValue(0.0, 1.0, 0);
+            }
+            // norm = m * 2^E * s^(1/p); log2 taken on s's mantissa in [0.5, 1),
+            // where log2 is accurate to 2^-21 absolute.
+            let parts = frexp(s);
+            let l = log2(q.v.y) + (f32(parts.exp) + log2(parts.fract)) / cfg.p;
+            let whole = floor(l);
+            let y = exp2(l - whole);
+            let k = i32(q.v.z) + i32(whole);
+            return NormValue(scale_pow2(y, k), y, k);
+        }
+    }
+}
+
+// A norm's coefficient under cfg's semantics, with the element flags that
+// make it NaN or infinite.
+struct Coefficient {
+    norm: f32,
+    value: f32,
+    scale_kind: u32,
+}
+
+fn coefficient(nv: NormValue, flags: u32) -> Coefficient {
+    if flags != 0u {
+        // PyTorch: max_norm / (inf + eps) = 0, and NaN spreads. TensorFlow:
+        // any non-finite norm makes every gradient NaN.
+        let nan = (flags & FLAG_NAN) != 0u;
+        let norm = bitcast<f32>(select(POS_INF, QUIET_NAN, nan));
+        if cfg.semantics == SEMANTICS_TORCH && !nan {
+            return Coefficient(norm, 0.0, SCALE_ZERO_FINITE);
+        }
+        return Coefficient(norm, bitcast<f32>(QUIET_NAN), SCALE_ALL_NAN);
+    }
+    var c: f32;
+    if !is_finite_f32(nv.norm) {
+        // The norm overflows f32; its exact form still gives the ratio.
+        c = scale_pow2(cfg.max_norm / nv.y, -nv.k);
+    } else if cfg.semantics == SEMANTICS_TORCH {
+        c = min(cfg.max_norm / (nv.norm + 1e-6), 1.0);
+    } else if nv.norm <= cfg.max_norm {
+        c = 1.0;
+    } else {
+        c = cfg.max_norm / nv.norm;
+    }
+    return Coefficient(nv.norm, c, SCALE_MULTIPLY);
+}
+
+var<workgroup> any_tensor_clipped: atomic<u32>;
+
+// Every tensor's norm and coefficient into stats.tensors; called by all
+// invocations. Returns whether any tensor coefficient differs from 1 (only
+// invocation 0 uses the answer, so it needs no uniformity).
+fn tensor_norms(t: u32, kind: u32) -> bool {
+    if t == 0u {
+        atomicStore(&any_tensor_clipped, 0u);
+    }
+    workgroupBarrier();
+    for (var i = t; i < win.tensor_count; i += WG) {
+        let range = stats.tensors[i];
+        let q = fold_range(kind, range.chunk_begin, range.chunk_end);
+        let c = coefficient(norm_value(q, kind), q.flags);
+        stats.tensors[i].norm = c.norm;
+        stats.tensors[i].coefficient = c.value;
+        if bitcast<u32>(c.value) != ONE_BITS {
+            atomicOr(&any_tensor_clipped, 1u);
+        }
+    }
+    workgroupBarrier();
+    return atomicLoad(&any_tensor_clipped) != 0u;
+}
+
+// Writes stats.state for the total `q`.
+fn finish(q: Partial, kind: u32, per_tensor_clips: bool) {
+    let c = coefficient(norm_value(q, kind), q.flags);
+    var st: ClipState;
+    st.total_norm = c.norm;
+    st.nonfinite = q.flags;
+    st.coefficient = c.value;
+    st.scale_kind = c.scale_kind;
+    var scale = c.scale_kind != SCALE_MULTIPLY || bitcast<u32>(c.value) != ONE_BITS;
+    if (cfg.flags & CFG_PER_TENSOR) != 0u {
+        // The report's coefficient stays the global one; the gradients get their tensor's.
+        st.scale_kind = SCALE_PER_TENSOR;
+        scale = per_tensor_clips;
+    }
+    if (q.flags != 0u && cfg.error_if_nonfinite != 0u) || (cfg.flags & CFG_NO_SCALE) != 0u {
+        scale = false;
+    }
+    if q.flags != 0u && cfg.error_if_nonfinite != 0u {
+        st.coefficient = 1.0;
+    }
+    st.dispatch = array<u32, 3>(select(0u, win.workgroups, scale), 1u, 1u);
+    stats.state = st;
+}
+
+// Shared body of the finalize entry points.
+fn finalize(t: u32, kind: u32) {
     var acc = vec3<f32>(0.0);
     var flags = 0u;
     for (var c = t; c < win.chunk_count; c += WG) {
         let q = partials[c];
-        switch kind {
-            case 0u: { acc += q.v; }
-            case 1u: { acc = vec3(bitcast<f32>(max(bitcast<u32>(acc.x), bitcast<u32>(q.v.x))), 0.0, 0.0); }
-            default: { acc = merge_p(acc, q.v, cfg.p); }
-        }
+        acc = merge(kind, acc, q.v);
         flags |= q.flags;
     }
     wg_v[t] = acc;
     wg_f[t] = flags;
     tree_reduce(t, kind);
-}
-
-// The ratio max_norm / norm for a norm y * 2^k that overflows f32.
-fn coefficient_of_huge(y: f32, k: i32) -> f32 {
-    return scale_pow2(cfg.max_norm / y, -k);
-}
-
-// Writes ClipState for a total norm y * 2^k (y a normal float) and the
-// non-finite flags of the elements.
-fn finish(y: f32, k: i32, flags: u32) {
-    var st: ClipState;
-    st.nonfinite = flags;
-    st.scale_kind = SCALE_MULTIPLY;
-    st.coefficient = 1.0;
-    st.dispatch = array<u32, 3>(0u, 1u, 1u);
-    if flags != 0u {
-        let nan = (flags & FLAG_NAN) != 0u;
-        st.total_norm = bitcast<f32>(select(POS_INF, QUIET_NAN, nan));
-        if cfg.error_if_nonfinite == 0u {
-            // PyTorch: coefficient max_norm / (inf + eps) = 0; NaN spreads.
-            // TensorFlow: any non-finite norm makes every gradient NaN.
-            let zero = cfg.semantics == SEMANTICS_TORCH && !nan;
-            st.coefficient = select(bitcast<f32>(QUIET_NAN), 0.0, zero);
-            st.scale_kind = select(SCALE_ALL_NAN, SCALE_ZERO_FINITE, zero);
-            st.dispatch[0] = win.workgroups;
-        }
-    } else {
-        let norm = scale_pow2(y, k);
-        st.total_norm = norm;
-        var coef: f32;
-        if !is_finite_f32(norm) {
-            coef = coefficient_of_huge(y, k);
-        } else if cfg.semantics == SEMANTICS_TORCH {
-            coef = min(cfg.max_norm / (norm + 1e-6), 1.0);
-        } else if norm <= cfg.max_norm {
-            coef = 1.0;
-        } else {
-            coef = cfg.max_norm / norm;
-        }
-        st.coefficient = coef;
-        st.dispatch[0] = select(win.workgroups, 0u, bitcast<u32>(coef) == ONE_BITS);
+    var per_tensor_clips = false;
+    if (cfg.flags & (CFG_TENSOR_NORMS | CFG_PER_TENSOR)) != 0u {
+        per_tensor_clips = tensor_norms(t, kind);
     }
-    state = st;
+    if t == 0u {
+        let total = Partial(wg_v[0], wg_f[0]);
+        stats.partial = total;
+        finish(total, kind, per_tensor_clips);
+    }
 }
 
-// finalize_l2 — reads: partials[0 .. win.chunk_count) from reduce_l2, cfg.
-// Writes: state. Dispatch: (1, 1, 1).
+// finalize_l2 — reads: partials[0 .. win.chunk_count) from reduce_l2, cfg, stats.tensors ranges.
+// Writes: stats (state, partial, per-tensor norms when cfg.flags asks). Dispatch: (1, 1, 1).
 @compute @workgroup_size(WG)
 fn finalize_l2(@builtin(local_invocation_index) t: u32) {
-    fold_partials(t, 0u);
-    if t == 0u {
-        let small = wg_v[0].x;
-        let medium = wg_v[0].y;
-        let big = wg_v[0].z;
-        // Bring the bins to the scale of the largest non-empty one (the
-        // squares carry twice the element scale); what falls below the
-        // normal range there is negligible against the bin it joins.
-        if big > 0.0 {
-            finish(sqrt(big + mul_pow2(medium, -168)), 84, wg_f[0]);
-        } else if medium >= 0x1p-50f || small == 0.0 {
-            finish(sqrt(medium + mul_pow2(small, -172)), 0, wg_f[0]);
-        } else {
-            finish(sqrt(small + mul_pow2(medium, 172)), -86, wg_f[0]);
-        }
-    }
+    finalize(t, 0u);
 }
 
-// finalize_inf — reads: partials[0 .. win.chunk_count) from reduce_inf, cfg.
-// Writes: state. Dispatch: (1, 1, 1).
+// finalize_inf — reads: partials[0 .. win.chunk_count) from reduce_inf, cfg, stats.tensors ranges.
+// Writes: stats (state, partial, per-tensor norms when cfg.flags asks). Dispatch: (1, 1, 1).
 @compute @workgroup_size(WG)
 fn finalize_inf(@builtin(local_invocation_index) t: u32) {
-    fold_partials(t, 1u);
+    finalize(t, 1u);
+}
+
+// finalize_p — reads: partials[0 .. win.chunk_count) from reduce_p, cfg, stats.tensors ranges.
+// Writes: stats (state, partial, per-tensor norms when cfg.flags asks). Dispatch: (1, 1, 1).
+@compute @workgroup_size(WG)
+fn finalize_p(@builtin(local_invocation_index) t: u32) {
+    finalize(t, 2u);
+}
+
+// finish_l2 — reads: stats.partial (a total combined across shards, copied in by the host), cfg.
+// Writes: stats.state. Dispatch: (1, 1, 1); one invocation works.
+@compute @workgroup_size(WG)
+fn finish_l2(@builtin(local_invocation_index) t: u32) {
     if t == 0u {
-        let top = bitcast<u32>(wg_v[0].x);
-        if top < 0x00800000u {
-            // Zero or subnormal: report the bits as they are; a flushing
-            // compiler must not see them in arithmetic.
-            finish(0x1p-64f, -200, wg_f[0]);
-            if wg_f[0] == 0u {
-                state.total_norm = bitcast<f32>(top);
-            }
-        } else {
-            finish(bitcast<f32>(top), 0, wg_f[0]);
-        }
+        finish(stats.partial, 0u, false);
     }
 }
 
-// finalize_p — reads: partials[0 .. win.chunk_count) from reduce_p, cfg.
-// Writes: state. Dispatch: (1, 1, 1).
+// finish_inf — reads: stats.partial (a total combined across shards), cfg.
+// Writes: stats.state. Dispatch: (1, 1, 1); one invocation works.
 @compute @workgroup_size(WG)
-fn finalize_p(@builtin(local_invocation_index) t: u32) {
-    fold_partials(t, 2u);
+fn finish_inf(@builtin(local_invocation_index) t: u32) {
     if t == 0u {
-        let s = wg_v[0].x;
-        if s == 0.0 {
-            finish(1.0, 0, wg_f[0]);
-            state.total_norm = 0.0;
-            if wg_f[0] == 0u {
-                state.coefficient = 1.0;
-                state.dispatch[0] = 0u;
-            }
-            return;
-        }
-        // norm = m * 2^E * s^(1/p); log2 taken on s's mantissa in [0.5, 1),
-        // where log2 is accurate to 2^-21 absolute.
-        let parts = frexp(s);
-        let l = log2(wg_v[0].y) + (f32(parts.exp) + log2(parts.fract)) / cfg.p;
-        let whole = floor(l);
-        finish(exp2(l - whole), i32(wg_v[0].z) + i32(whole), wg_f[0]);
+        finish(stats.partial, 1u, false);
+    }
+}
+
+// finish_p — reads: stats.partial (a total combined across shards), cfg.
+// Writes: stats.state. Dispatch: (1, 1, 1); one invocation works.
+@compute @workgroup_size(WG)
+fn finish_p(@builtin(local_invocation_index) t: u32) {
+    if t == 0u {
+        finish(stats.partial, 2u, false);
     }
 }

@@ -11,19 +11,30 @@ fn tree_reduce(t: u32, kind: u32) {
     workgroupBarrier();
     for (var s = WG / 2u; s > 0u; s = s >> 1u) {
         if t < s {
-            let a = wg_v[t];
-            let b = wg_v[t + s];
-            var r: vec3<f32>;
-            switch kind {
-                case 0u: { r = a + b; }
-                case 1u: { r = vec3(bitcast<f32>(max(bitcast<u32>(a.x), bitcast<u32>(b.x))), 0.0, 0.0); }
-                default: { r = merge_p(a, b, cfg.p); }
-            }
-            wg_v[t] = r;
+            wg_v[t] = merge(kind, wg_v[t], wg_v[t + s]);
             wg_f[t] = wg_f[t] | wg_f[t + s];
         }
         workgroupBarrier();
     }
+}
+
+// Combines two reductions of the same kind.
+fn merge(kind: u32, a: vec3<f32>, b: vec3<f32>) -> vec3<f32> {
+    switch kind {
+        case 0u: { return a + b; }
+        case 1u: { return vec3(bitcast<f32>(max(bitcast<u32>(a.x), bitcast<u32>(b.x))), 0.0, 0.0); }
+        default: { return merge_p(a, b, cfg.p); }
+    }
+}
+
+// Folds partials[begin .. end) in order.
+fn fold_range(kind: u32, begin: u32, end: u32) -> Partial {
+    var acc = Partial(vec3<f32>(0.0), 0u);
+    for (var c = begin; c < end; c++) {
+        let q = partials[c];
+        acc = Partial(merge(kind, acc.v, q.v), acc.flags | q.flags);
+    }
+    return acc;
 }
 
 // Merges two p-sums (s, m, E): each is sum(|g|^p) / (m * 2^E)^p with m * 2^E

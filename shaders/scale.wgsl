@@ -36,16 +36,25 @@ fn clamped(g: f32, lo: f32, hi: f32) -> f32 {
     return min(max(g, lo), hi);
 }
 
-// scale — reads: state.coefficient / state.scale_kind (from finalize), grads
-// of this window's chunks. Writes: those grads, in place.
+// scale — reads: stats.state.coefficient / scale_kind (from finalize), per
+// tensor coefficients when clipping per tensor, grads of this window's
+// chunks. Writes: those grads, in place.
 // Dispatch: indirect from ClipState.dispatch: (win.workgroups or 0, 1, 1),
 // workgroups striding over the window's chunks.
 @compute @workgroup_size(WG)
 fn scale(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    let kind = state.scale_kind;
-    let coef = state.coefficient;
+    let global_kind = stats.state.scale_kind;
+    let global_coef = stats.state.coefficient;
+    let per_tensor = global_kind == SCALE_PER_TENSOR;
     for (var c = win.chunk_begin + wg.x; c < win.chunk_end; c += win.workgroups) {
         let ch = chunks[c];
+        // A tensor's coefficient already encodes NaN/inf handling: a plain
+        // multiply by 0 or NaN gives what PyTorch and TensorFlow give.
+        let kind = select(global_kind, SCALE_MULTIPLY, per_tensor);
+        var coef = global_coef;
+        if per_tensor {
+            coef = stats.tensors[ch.tensor].coefficient;
+        }
         for (var i = t; i < ch.len; i += WG) {
             let j = ch.start + i;
             grads[j] = scaled(grads[j], kind, coef);

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use crate::config::Reduction;
 use crate::error::{Error, Result};
 use crate::gpu_errors::Catch;
-use crate::grad_set::GradSet;
-use crate::layout::GradLayout;
-use crate::records::{ClipConfig, ClipState, WindowInfo};
+use crate::grad_set::{require_storage, GradSet};
+use crate::layout::{GradLayout, Placement};
+use crate::records::{ClipConfig, TensorStat, WindowInfo, STATS_HEAD_SIZE};
 use crate::shaders::{self, PassModule};
 
 /// Largest workgroup size the passes use; WebGPU's default limit.
@@ -48,6 +48,9 @@ pub(crate) struct Pipelines {
     finalize_l2: wgpu::ComputePipeline,
     finalize_inf: wgpu::ComputePipeline,
     finalize_p: wgpu::ComputePipeline,
+    finish_l2: wgpu::ComputePipeline,
+    finish_inf: wgpu::ComputePipeline,
+    finish_p: wgpu::ComputePipeline,
     pub scale: wgpu::ComputePipeline,
     pub clamp: wgpu::ComputePipeline,
 }
@@ -66,6 +69,14 @@ impl Pipelines {
             Reduction::L2 => &self.finalize_l2,
             Reduction::Inf => &self.finalize_inf,
             Reduction::P => &self.finalize_p,
+        }
+    }
+
+    pub fn finish(&self, r: Reduction) -> &wgpu::ComputePipeline {
+        match r {
+            Reduction::L2 => &self.finish_l2,
+            Reduction::Inf => &self.finish_inf,
+            Reduction::P => &self.finish_p,
         }
     }
 }
@@ -148,12 +159,12 @@ impl Clipper {
                 storage_entry(1, true),  // chunk table
                 storage_entry(2, false), // per-chunk partials
                 wgpu::BindGroupLayoutEntry {
-                    // clip state: total norm, coefficient, scale dispatch
+                    // stats: clip state, total partial, at least one tensor's stat
                     ty: wgpu::BindingType::Buffer {
                         ty: wgpu::BufferBindingType::Storage { read_only: false },
                         has_dynamic_offset: false,
                         min_binding_size: wgpu::BufferSize::new(
-                            core::mem::size_of::<ClipState>() as u64
+                            STATS_HEAD_SIZE + size_of::<TensorStat>() as u64,
                         ),
                     },
                     ..storage_entry(3, false)
@@ -197,6 +208,9 @@ impl Clipper {
             finalize_l2: next(),
             finalize_inf: next(),
             finalize_p: next(),
+            finish_l2: next(),
+            finish_inf: next(),
+            finish_p: next(),
             scale: next(),
             clamp: next(),
         };
@@ -211,12 +225,100 @@ impl Clipper {
         })
     }
 
-    /// Binds a flat gradient buffer laid out by `layout`: creates the scratch
-    /// buffers and bind groups once, for every later clip on it.
+    /// Binds a flat gradient buffer laid out by `layout` (tensors packed from
+    /// byte 0): creates the chunk table, scratch buffers and bind groups
+    /// once, for every later clip on it.
     ///
     /// The buffer needs `STORAGE` usage and at least `4 * layout.total_elements()` bytes.
     pub fn bind(&self, grads: &wgpu::Buffer, layout: &GradLayout) -> Result<GradSet> {
-        GradSet::new(self.inner.clone(), grads, layout)
+        require_storage(grads)?;
+        let needed = layout
+            .total_elements()
+            .checked_mul(4)
+            .ok_or(Error::LayoutOverflow)?;
+        let max_buffer_size = self.inner.device.limits().max_buffer_size;
+        if needed > max_buffer_size {
+            return Err(Error::TooLarge {
+                what: "layout size in bytes",
+                needed,
+                limit: max_buffer_size,
+            });
+        }
+        if needed > grads.size() {
+            return Err(Error::LayoutExceedsBuffer {
+                needed,
+                buffer_size: grads.size(),
+            });
+        }
+        let placements: Vec<Placement> = (0..layout.len())
+            .map(|t| Placement {
+                buffer: 0,
+                byte_offset: 4 * layout.range(t).start,
+            })
+            .collect();
+        GradSet::new(self.inner.clone(), &[grads], &placements, layout)
+    }
+
+    /// Binds gradients that live anywhere: tensor `i` of `layout` is the
+    /// `f32` range `ranges[i]` (any buffer with `STORAGE` usage, a 4-byte
+    /// aligned offset, and a size of `4 * elements` bytes, or `None` for the
+    /// rest of the buffer), as frameworks that sub-allocate pooled buffers
+    /// lay them out. One clip covers them all, with one dispatch per binding
+    /// window (a stretch of one buffer within the device's storage binding
+    /// limit) whatever the number of tensors. Overlapping ranges are an error.
+    pub fn bind_ranges(
+        &self,
+        layout: &GradLayout,
+        ranges: &[wgpu::BufferBinding<'_>],
+    ) -> Result<GradSet> {
+        if ranges.len() != layout.len() {
+            return Err(Error::RangeMismatch {
+                tensor: ranges.len().min(layout.len()),
+                range_bytes: 0,
+                layout_bytes: 0,
+            });
+        }
+        let mut buffers: Vec<&wgpu::Buffer> = Vec::new();
+        let mut placements = Vec::with_capacity(ranges.len());
+        for (tensor, (range, elements)) in ranges.iter().zip(layout.sizes()).enumerate() {
+            require_storage(range.buffer)?;
+            if range.offset % 4 != 0 {
+                return Err(Error::MisalignedTensor {
+                    tensor,
+                    offset: range.offset,
+                });
+            }
+            let layout_bytes = 4 * elements;
+            let range_bytes = match range.size {
+                Some(size) => size.get(),
+                None => range.buffer.size().saturating_sub(range.offset),
+            };
+            if elements > 0 && range_bytes != layout_bytes {
+                return Err(Error::RangeMismatch {
+                    tensor,
+                    range_bytes,
+                    layout_bytes,
+                });
+            }
+            if range.offset + layout_bytes > range.buffer.size() {
+                return Err(Error::LayoutExceedsBuffer {
+                    needed: range.offset + layout_bytes,
+                    buffer_size: range.buffer.size(),
+                });
+            }
+            let buffer = match buffers.iter().position(|b| *b == range.buffer) {
+                Some(index) => index,
+                None => {
+                    buffers.push(range.buffer);
+                    buffers.len() - 1
+                }
+            };
+            placements.push(Placement {
+                buffer,
+                byte_offset: range.offset,
+            });
+        }
+        GradSet::new(self.inner.clone(), &buffers, &placements, layout)
     }
 
     /// Invocations per workgroup of every pass on this device.

@@ -1,7 +1,9 @@
 //! What a clip computes: the norm, its order and the framework semantics.
 
 use crate::error::{Error, Result};
-use crate::records::{ClipConfig, SEMANTICS_TENSORFLOW, SEMANTICS_TORCH};
+use crate::records::{
+    ClipConfig, CFG_PER_TENSOR, CFG_TENSOR_NORMS, SEMANTICS_TENSORFLOW, SEMANTICS_TORCH,
+};
 
 /// The order of the global norm.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -50,6 +52,8 @@ pub struct ClipNorm {
     norm: Norm,
     semantics: Semantics,
     error_if_nonfinite: bool,
+    per_tensor: bool,
+    tensor_norms: bool,
 }
 
 impl ClipNorm {
@@ -62,6 +66,8 @@ impl ClipNorm {
             norm: Norm::L2,
             semantics: Semantics::Torch,
             error_if_nonfinite: false,
+            per_tensor: false,
+            tensor_norms: false,
         }
     }
 
@@ -87,6 +93,38 @@ impl ClipNorm {
             error_if_nonfinite: on,
             ..self
         }
+    }
+
+    /// With `true`, each tensor is clipped by its own norm instead of the
+    /// global one (`tf.clip_by_norm` per tensor, Keras `clipnorm`, burn's
+    /// `GradientClipping::Norm`): coefficient `min(1, max_norm / (‖t‖ + 1e-6))`
+    /// under PyTorch semantics, `max_norm / max(‖t‖, max_norm)` under
+    /// TensorFlow's. The report still carries the global norm, and the
+    /// per-tensor norms and coefficients.
+    pub fn per_tensor(self, on: bool) -> Self {
+        Self {
+            per_tensor: on,
+            ..self
+        }
+    }
+
+    /// With `true`, the report carries every tensor's norm (for logging per
+    /// layer, as Lightning's `grad_norm` does), at the cost of a larger readback.
+    pub fn tensor_norms(self, on: bool) -> Self {
+        Self {
+            tensor_norms: on,
+            ..self
+        }
+    }
+
+    /// Whether each tensor is clipped by its own norm.
+    pub fn is_per_tensor(&self) -> bool {
+        self.per_tensor
+    }
+
+    /// Whether per-tensor norms are computed and reported.
+    pub fn reports_tensor_norms(&self) -> bool {
+        self.tensor_norms || self.per_tensor
     }
 
     /// The threshold the norm is clipped to.
@@ -137,6 +175,12 @@ impl ClipNorm {
                 error_if_nonfinite: self.error_if_nonfinite as u32,
                 p,
                 max_norm: m,
+                flags: if self.per_tensor { CFG_PER_TENSOR } else { 0 }
+                    | if self.tensor_norms {
+                        CFG_TENSOR_NORMS
+                    } else {
+                        0
+                    },
                 ..ClipConfig::default()
             },
         ))

@@ -24,6 +24,25 @@ pub enum Error {
     /// The layout's total element count overflows 64 bits.
     #[error("the layout's element count overflows")]
     LayoutOverflow,
+    /// Two tensors share bytes of the same buffer.
+    #[error("tensors {first} and {second} overlap in their buffer")]
+    OverlappingTensors { first: usize, second: usize },
+    /// A tensor's byte offset is not a multiple of 4.
+    #[error("tensor {tensor} starts at byte {offset}, which is not 4-byte aligned")]
+    MisalignedTensor { tensor: usize, offset: u64 },
+    /// The number of buffer ranges differs from the number of tensors, or a
+    /// range's size differs from its tensor's.
+    #[error(
+        "tensor {tensor}: the range holds {range_bytes} bytes but the layout needs {layout_bytes}"
+    )]
+    RangeMismatch {
+        tensor: usize,
+        range_bytes: u64,
+        layout_bytes: u64,
+    },
+    /// This operation does not support the requested mode.
+    #[error("not supported: {0}")]
+    Unsupported(&'static str),
     /// The layout needs more bytes than the gradient buffer has.
     #[error("the layout needs {needed} bytes but the gradient buffer has {buffer_size}")]
     LayoutExceedsBuffer { needed: u64, buffer_size: u64 },

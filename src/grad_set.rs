@@ -1,16 +1,18 @@
-//! `GradSet`: one gradient buffer with its layout, bound once, clipped every step.
+//! `GradSet`: gradients bound once (one flat buffer, or ranges of several),
+//! clipped every step.
 
 use std::sync::{Arc, Mutex};
 
 use wgpu::util::DeviceExt;
 
 use crate::clipper::Inner;
-use crate::config::{clamp_record, ClipNorm};
+use crate::config::{clamp_record, ClipNorm, Reduction};
 use crate::error::{Error, Result};
 use crate::gpu_errors::Catch;
-use crate::layout::{plan, GradLayout, Window};
+use crate::layout::{plan, GradLayout, Placement};
 use crate::records::{
-    Chunk, ClipConfig, ClipState, Partial, WindowInfo, DISPATCH_OFFSET, DISPATCH_SIZE,
+    Chunk, ClipConfig, ClipState, Partial, TensorStat, WindowInfo, CFG_NO_SCALE, DISPATCH_OFFSET,
+    DISPATCH_SIZE, STATS_HEAD_SIZE, STATS_PARTIAL_OFFSET,
 };
 use crate::report::{ClipReport, ReportRing};
 
@@ -22,18 +24,20 @@ const MAX_WORKGROUPS: u32 = 2048;
 /// Distinct clip configurations kept on the GPU at once.
 const CONFIG_SLOTS: u64 = 16;
 
-/// A gradient buffer and its layout, bound to a [`Clipper`](crate::Clipper)'s
-/// pipelines: owns the chunk table, the scratch buffers and the bind groups,
-/// all made once in [`Clipper::bind`](crate::Clipper::bind). Each clip records
-/// a fixed number of passes whatever the tensor count, and allocates nothing.
+/// Gradients bound to a [`Clipper`](crate::Clipper)'s pipelines: owns the
+/// chunk table, the scratch buffers and the bind groups, all made once in
+/// [`Clipper::bind`](crate::Clipper::bind) or
+/// [`Clipper::bind_ranges`](crate::Clipper::bind_ranges). Each clip records
+/// a fixed number of passes — one dispatch per binding window, whatever the
+/// tensor count — and allocates nothing.
 #[derive(Debug)]
 pub struct GradSet {
     inner: Arc<Inner>,
     layout: GradLayout,
-    windows: Vec<Window>,
-    /// One per binding window (one placeholder when the layout has no element).
+    /// One per binding window (one placeholder when there is no element).
     bind_groups: Vec<wgpu::BindGroup>,
-    state: wgpu::Buffer,
+    has_elements: bool,
+    stats: wgpu::Buffer,
     indirect: wgpu::Buffer,
     uniforms: wgpu::Buffer,
     uniform_stride: u64,
@@ -66,39 +70,44 @@ fn too_large(what: &'static str, needed: u64, limit: u64) -> Result<()> {
     Ok(())
 }
 
+pub(crate) fn require_storage(buffer: &wgpu::Buffer) -> Result<()> {
+    if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
+        return Err(Error::MissingUsage {
+            missing: wgpu::BufferUsages::STORAGE,
+        });
+    }
+    Ok(())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 impl GradSet {
+    /// `buffers` are the distinct gradient buffers (checked by the caller);
+    /// `placements[t]` says where tensor `t` of `layout` lives in them.
     pub(crate) fn new(
         inner: Arc<Inner>,
-        grads: &wgpu::Buffer,
+        buffers: &[&wgpu::Buffer],
+        placements: &[Placement],
         layout: &GradLayout,
     ) -> Result<Self> {
         let device = &inner.device;
         let limits = device.limits();
-        if !grads.usage().contains(wgpu::BufferUsages::STORAGE) {
-            return Err(Error::MissingUsage {
-                missing: wgpu::BufferUsages::STORAGE,
-            });
-        }
-        let needed = layout
-            .total_elements()
-            .checked_mul(4)
-            .ok_or(Error::LayoutOverflow)?;
-        too_large("layout size in bytes", needed, limits.max_buffer_size)?;
-        if needed > grads.size() {
-            return Err(Error::LayoutExceedsBuffer {
-                needed,
-                buffer_size: grads.size(),
-            });
-        }
-
         // Windows start at multiples of the storage offset alignment and stay
         // under both the binding limit and the 2^32 elements a u32 can index.
-        let align = limits.min_storage_buffer_offset_alignment.max(4) as u64;
-        let max_binding = limits.max_storage_buffer_binding_size.min(u32::MAX as u64);
-        let window_bytes = max_binding / align * align;
+        let align = (limits.min_storage_buffer_offset_alignment as u64).max(4);
+        let max_binding = limits.max_storage_buffer_binding_size.min(u32::MAX as u64) / 4 * 4;
         too_large("storage offset alignment", align, max_binding)?;
-        let plan = plan(layout, CHUNK_ELEMENTS, window_bytes / 4)?;
+        let plan = plan(
+            layout,
+            placements,
+            CHUNK_ELEMENTS,
+            max_binding / align * align,
+            align,
+        )?;
         let chunk_count = plan.chunks.len() as u64;
+        let tensor_count = layout.len() as u64;
         too_large(
             "chunk table bytes",
             chunk_count * size_of::<Chunk>() as u64,
@@ -109,6 +118,8 @@ impl GradSet {
             chunk_count * size_of::<Partial>() as u64,
             max_binding,
         )?;
+        let stats_size = STATS_HEAD_SIZE + tensor_count.max(1) * size_of::<TensorStat>() as u64;
+        too_large("per-tensor statistics bytes", stats_size, max_binding)?;
 
         let busiest = plan
             .windows
@@ -125,38 +136,49 @@ impl GradSet {
             size_of::<ClipConfig>().max(size_of::<WindowInfo>()) as u64,
             limits.min_uniform_buffer_offset_alignment as u64,
         );
-        let window_records = plan.windows.len().max(1) as u64;
-        let config_base = window_records * uniform_stride;
-        let mut uniform_bytes =
-            vec![0u8; ((window_records + CONFIG_SLOTS) * uniform_stride) as usize];
-        let infos = plan.windows.iter().map(|w| WindowInfo {
-            chunk_begin: w.chunk_begin,
-            chunk_end: w.chunk_end,
-            chunk_count: chunk_count as u32,
-            workgroups,
-        });
-        let infos: Vec<WindowInfo> = if plan.windows.is_empty() {
-            vec![WindowInfo {
+        let window_infos: Vec<WindowInfo> = plan
+            .windows
+            .iter()
+            .map(|w| (w.chunk_begin, w.chunk_end))
+            .chain(plan.windows.is_empty().then_some((0, 0)))
+            .map(|(chunk_begin, chunk_end)| WindowInfo {
+                chunk_begin,
+                chunk_end,
+                chunk_count: chunk_count as u32,
                 workgroups,
-                ..Default::default()
-            }]
-        } else {
-            infos.collect()
-        };
-        for (k, info) in infos.iter().enumerate() {
+                tensor_count: tensor_count as u32,
+            })
+            .collect();
+        let config_base = window_infos.len() as u64 * uniform_stride;
+        let mut uniform_bytes = vec![0u8; (config_base + CONFIG_SLOTS * uniform_stride) as usize];
+        for (k, info) in window_infos.iter().enumerate() {
             let at = k * uniform_stride as usize;
             uniform_bytes[at..at + size_of::<WindowInfo>()]
                 .copy_from_slice(bytemuck::bytes_of(info));
         }
-
-        let catch = Catch::begin(device);
-        let storage = wgpu::BufferUsages::STORAGE;
+        let mut stats_bytes = vec![0u8; STATS_HEAD_SIZE as usize];
+        for &(chunk_begin, chunk_end) in plan
+            .tensor_chunks
+            .iter()
+            .chain([(0, 0)].iter().take(usize::from(tensor_count == 0)))
+        {
+            let stat = TensorStat {
+                chunk_begin,
+                chunk_end,
+                norm: 0.0,
+                coefficient: 1.0,
+            };
+            stats_bytes.extend_from_slice(bytemuck::bytes_of(&stat));
+        }
         // Empty tables still need a non-empty binding.
         let chunk_bytes: Vec<u8> = if plan.chunks.is_empty() {
             bytemuck::bytes_of(&Chunk::default()).to_vec()
         } else {
             bytemuck::cast_slice(&plan.chunks).to_vec()
         };
+
+        let catch = Catch::begin(device);
+        let storage = wgpu::BufferUsages::STORAGE;
         let chunks = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some("gradclip chunk table"),
             contents: &chunk_bytes,
@@ -168,11 +190,10 @@ impl GradSet {
             usage: storage,
             mapped_at_creation: false,
         });
-        let state = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("gradclip clip state"),
-            size: size_of::<ClipState>() as u64,
-            usage: storage | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
+        let stats = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("gradclip stats"),
+            contents: &stats_bytes,
+            usage: storage | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
         });
         let indirect = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("gradclip scale dispatch"),
@@ -199,17 +220,25 @@ impl GradSet {
             None => plan
                 .windows
                 .iter()
-                .map(|w| (grads, w.first_element * 4, w.elements * 4))
+                .map(|w| (buffers[w.buffer], w.byte_offset, w.bytes))
                 .collect(),
         };
-        let buffer_entry = |binding, buffer, offset, size: usize| wgpu::BindGroupEntry {
-            binding,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer,
-                offset,
-                size: wgpu::BufferSize::new(size as u64),
-            }),
-        };
+        fn buffer_entry(
+            binding: u32,
+            buffer: &wgpu::Buffer,
+            offset: u64,
+            size: u64,
+        ) -> wgpu::BindGroupEntry<'_> {
+            wgpu::BindGroupEntry {
+                binding,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer,
+                    offset,
+                    size: wgpu::BufferSize::new(size),
+                }),
+            }
+        }
+        let whole = |binding, buffer| buffer_entry(binding, buffer, 0, buffer.size());
         let bind_groups = grad_ranges
             .iter()
             .enumerate()
@@ -218,38 +247,29 @@ impl GradSet {
                     label: Some(&format!("gradclip bind group, window {k}")),
                     layout: &inner.bind_group_layout,
                     entries: &[
-                        buffer_entry(0, buffer, offset, size as usize),
-                        wgpu::BindGroupEntry {
-                            binding: 1,
-                            resource: chunks.as_entire_binding(),
-                        },
-                        wgpu::BindGroupEntry {
-                            binding: 2,
-                            resource: partials.as_entire_binding(),
-                        },
-                        wgpu::BindGroupEntry {
-                            binding: 3,
-                            resource: state.as_entire_binding(),
-                        },
+                        buffer_entry(0, buffer, offset, size),
+                        whole(1, &chunks),
+                        whole(2, &partials),
+                        whole(3, &stats),
                         buffer_entry(
                             4,
                             &uniforms,
                             k as u64 * uniform_stride,
-                            size_of::<WindowInfo>(),
+                            size_of::<WindowInfo>() as u64,
                         ),
-                        buffer_entry(5, &uniforms, config_base, size_of::<ClipConfig>()),
+                        buffer_entry(5, &uniforms, config_base, size_of::<ClipConfig>() as u64),
                     ],
                 })
             })
             .collect();
-        let reports = ReportRing::new(device);
+        let reports = ReportRing::new(device, layout.len());
         catch.end()?;
 
         Ok(Self {
             layout: layout.clone(),
-            windows: plan.windows,
+            has_elements: !plan.windows.is_empty(),
             bind_groups,
-            state,
+            stats,
             indirect,
             uniforms,
             uniform_stride,
@@ -267,24 +287,53 @@ impl GradSet {
         &self.layout
     }
 
-    /// The [`ClipState`](crate::records::ClipState) record finalize writes
-    /// on the GPU (total norm, coefficient, flags, the scale pass's dispatch);
-    /// it has `COPY_SRC` usage, for tools that inspect a clip.
-    pub fn state_buffer(&self) -> &wgpu::Buffer {
-        &self.state
+    /// Number of binding windows: one per stretch of a buffer that fits the
+    /// device's storage binding limit (1 for a single buffer under 128 MiB).
+    pub fn window_count(&self) -> usize {
+        self.bind_groups.len()
     }
 
-    /// Number of binding windows the gradients are split into (1 unless the
-    /// buffer is larger than the device's storage binding limit).
-    pub fn window_count(&self) -> usize {
-        self.windows.len().max(1)
+    /// The clip state finalize writes: a binding of the
+    /// [`ClipState`](crate::records::ClipState) record (32 bytes at offset 0
+    /// of the stats buffer), for an optimizer shader that multiplies by the
+    /// coefficient on load instead of a separate scale pass:
+    ///
+    /// ```wgsl
+    /// struct ClipState { total_norm: f32, coefficient: f32, nonfinite: u32,
+    ///                    scale_kind: u32, dispatch: array<u32, 3>, _pad: u32 }
+    /// @group(0) @binding(3) var<storage, read> clip: ClipState;
+    /// ```
+    ///
+    /// A plain multiply by `coefficient` reproduces every case (0 or NaN for
+    /// non-finite norms); with `error_if_nonfinite`, `coefficient` is 1 and
+    /// `nonfinite != 0` says the step should be skipped.
+    pub fn coefficient_binding(&self) -> wgpu::BufferBinding<'_> {
+        wgpu::BufferBinding {
+            buffer: &self.stats,
+            offset: 0,
+            size: wgpu::BufferSize::new(size_of::<ClipState>() as u64),
+        }
+    }
+
+    /// The stats buffer (`COPY_SRC`): [`ClipState`](crate::records::ClipState)
+    /// at offset 0, this set's [`NormPartial`](crate::NormPartial) at
+    /// [`partial_offset`](Self::partial_offset), then one
+    /// [`TensorStat`](crate::records::TensorStat) per tensor.
+    pub fn stats_buffer(&self) -> &wgpu::Buffer {
+        &self.stats
+    }
+
+    /// Byte offset of this set's 16-byte [`NormPartial`](crate::NormPartial)
+    /// in [`stats_buffer`](Self::stats_buffer), to copy to other ranks on the GPU.
+    pub fn partial_offset(&self) -> u64 {
+        STATS_PARTIAL_OFFSET
     }
 
     /// Dynamic offset of the uniform slot holding `config`; uploads it the
     /// first time it is seen. Slots are reused round-robin past
     /// `CONFIG_SLOTS` distinct configurations.
     fn config_offset(&self, config: ClipConfig) -> u32 {
-        let mut cache = self.configs.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = lock(&self.configs);
         let slot = match cache.slots.iter().position(|c| c.same_bits(&config)) {
             Some(slot) => slot,
             None => {
@@ -308,75 +357,202 @@ impl GradSet {
         (slot as u64 * self.uniform_stride) as u32
     }
 
-    /// Records a global-norm clip into `encoder`: the reduce pass, the
-    /// finalize dispatch and the in-place scale pass, whose workgroup count
-    /// finalize sets on the GPU (zero when the coefficient is exactly 1).
-    /// Nothing is read back unless [`read_report`](Self::read_report) is awaited.
-    ///
-    /// Invalid parameters return an error before anything is recorded.
-    pub fn clip_norm(&self, encoder: &mut wgpu::CommandEncoder, clip: &ClipNorm) -> Result<()> {
-        let (reduction, config) = clip.to_record()?;
-        let offset = self.config_offset(config);
+    fn pass<'e>(
+        &self,
+        encoder: &'e mut wgpu::CommandEncoder,
+        label: &'static str,
+    ) -> wgpu::ComputePass<'e> {
+        encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(label),
+            timestamp_writes: None,
+        })
+    }
+
+    /// The reduce dispatches (one per window) and the finalize dispatch.
+    fn encode_norm(&self, encoder: &mut wgpu::CommandEncoder, reduction: Reduction, offset: u32) {
         let pipelines = &self.inner.pipelines;
-        let has_elements = !self.windows.is_empty();
-        {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("gradclip reduce + finalize"),
-                timestamp_writes: None,
-            });
-            if has_elements {
-                pass.set_pipeline(pipelines.reduce(reduction));
-                for bind_group in &self.bind_groups {
-                    pass.set_bind_group(0, bind_group, &[offset]);
-                    pass.dispatch_workgroups(self.workgroups, 1, 1);
-                }
-            }
-            pass.set_pipeline(pipelines.finalize(reduction));
-            pass.set_bind_group(0, &self.bind_groups[0], &[offset]);
-            pass.dispatch_workgroups(1, 1, 1);
-        }
-        if has_elements {
-            // The indirect arguments cannot be read from the state binding
-            // itself: a buffer may not be both storage and indirect in one dispatch.
-            encoder.copy_buffer_to_buffer(
-                &self.state,
-                DISPATCH_OFFSET,
-                &self.indirect,
-                0,
-                DISPATCH_SIZE,
-            );
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("gradclip scale"),
-                timestamp_writes: None,
-            });
-            pass.set_pipeline(&pipelines.scale);
+        let mut pass = self.pass(encoder, "gradclip reduce + finalize");
+        if self.has_elements {
+            pass.set_pipeline(pipelines.reduce(reduction));
             for bind_group in &self.bind_groups {
                 pass.set_bind_group(0, bind_group, &[offset]);
-                pass.dispatch_workgroups_indirect(&self.indirect, 0);
+                pass.dispatch_workgroups(self.workgroups, 1, 1);
             }
         }
+        pass.set_pipeline(pipelines.finalize(reduction));
+        pass.set_bind_group(0, &self.bind_groups[0], &[offset]);
+        pass.dispatch_workgroups(1, 1, 1);
+    }
+
+    /// The scale pass, as many workgroups as finalize decided (often none).
+    fn encode_scale(&self, encoder: &mut wgpu::CommandEncoder, offset: u32) {
+        if !self.has_elements {
+            return;
+        }
+        // The indirect arguments cannot be read from the stats binding
+        // itself: a buffer may not be both storage and indirect in one dispatch.
+        encoder.copy_buffer_to_buffer(
+            &self.stats,
+            DISPATCH_OFFSET,
+            &self.indirect,
+            0,
+            DISPATCH_SIZE,
+        );
+        let mut pass = self.pass(encoder, "gradclip scale");
+        pass.set_pipeline(&self.inner.pipelines.scale);
+        for bind_group in &self.bind_groups {
+            pass.set_bind_group(0, bind_group, &[offset]);
+            pass.dispatch_workgroups_indirect(&self.indirect, 0);
+        }
+    }
+
+    fn record_report(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        config: &ClipConfig,
+        clip: &ClipNorm,
+    ) {
         let step = {
-            let mut steps = self.steps.lock().unwrap_or_else(|e| e.into_inner());
+            let mut steps = lock(&self.steps);
             *steps += 1;
             *steps
         };
-        self.reports
-            .record(encoder, &self.state, step, config.error_if_nonfinite != 0);
+        let tensors = clip.reports_tensor_norms();
+        self.reports.record(
+            encoder,
+            &self.stats,
+            step,
+            config.error_if_nonfinite != 0,
+            tensors,
+        );
+    }
+
+    /// Records a norm clip into `encoder`: the reduce pass, the finalize
+    /// dispatch and the in-place scale pass, whose workgroup count finalize
+    /// sets on the GPU (zero when every coefficient is exactly 1). Global by
+    /// default, per tensor with [`ClipNorm::per_tensor`]. Nothing is read
+    /// back unless a report is awaited.
+    ///
+    /// Invalid parameters return an error before anything is recorded.
+    ///
+    /// ```
+    /// # pollster::block_on(async {
+    /// # use wgpu::util::DeviceExt;
+    /// # let (device, queue, _) = gradclip::default_device().await?;
+    /// # let grads = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+    /// #     label: None, contents: bytemuck::cast_slice(&[3.0f32, 4.0, 0.0, 12.0]),
+    /// #     usage: wgpu::BufferUsages::STORAGE });
+    /// let clipper = gradclip::Clipper::new(&device, &queue)?;
+    /// let layout = gradclip::GradLayout::from_named(&[("w", 2), ("b", 2)])?;
+    /// let set = clipper.bind(&grads, &layout)?;
+    /// let mut encoder = device.create_command_encoder(&Default::default());
+    /// set.clip_norm(&mut encoder, &gradclip::ClipNorm::new(1.0).tensor_norms(true))?;
+    /// queue.submit([encoder.finish()]);
+    /// let report = set.read_report().await?;
+    /// assert_eq!(report.total_norm, 13.0);
+    /// assert_eq!(report.tensor_norms, [5.0, 12.0]);
+    /// # Ok::<(), gradclip::Error>(()) }).unwrap();
+    /// ```
+    pub fn clip_norm(&self, encoder: &mut wgpu::CommandEncoder, clip: &ClipNorm) -> Result<()> {
+        let (reduction, config) = clip.to_record()?;
+        let offset = self.config_offset(config);
+        self.encode_norm(encoder, reduction, offset);
+        self.encode_scale(encoder, offset);
+        self.record_report(encoder, &config, clip);
+        Ok(())
+    }
+
+    /// Records the norm, the coefficient and this set's
+    /// [`NormPartial`](crate::NormPartial) without touching the gradients
+    /// (PyTorch's `get_total_norm`): for an optimizer that multiplies by
+    /// [`coefficient_binding`](Self::coefficient_binding) on load, or for a
+    /// shard whose partial is combined with other ranks' before
+    /// [`clip_with_partial`](Self::clip_with_partial).
+    ///
+    /// ```
+    /// # pollster::block_on(async {
+    /// # use wgpu::util::DeviceExt;
+    /// # let (device, queue, _) = gradclip::default_device().await?;
+    /// # let grads = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+    /// #     label: None, contents: bytemuck::cast_slice(&[3.0f32, 4.0]),
+    /// #     usage: wgpu::BufferUsages::STORAGE });
+    /// # let clipper = gradclip::Clipper::new(&device, &queue)?;
+    /// let set = clipper.bind(&grads, &gradclip::GradLayout::from_sizes(&[2])?)?;
+    /// let mut encoder = device.create_command_encoder(&Default::default());
+    /// set.record_norm(&mut encoder, &gradclip::ClipNorm::new(1.0))?;
+    /// queue.submit([encoder.finish()]);
+    /// let report = set.read_report().await?;
+    /// assert_eq!((report.total_norm, report.coefficient), (5.0, 1.0 / (5.0 + 1e-6)));
+    /// # Ok::<(), gradclip::Error>(()) }).unwrap();
+    /// ```
+    pub fn record_norm(&self, encoder: &mut wgpu::CommandEncoder, clip: &ClipNorm) -> Result<()> {
+        let (reduction, mut config) = clip.to_record()?;
+        config.flags |= CFG_NO_SCALE;
+        let offset = self.config_offset(config);
+        self.encode_norm(encoder, reduction, offset);
+        self.record_report(encoder, &config, clip);
+        Ok(())
+    }
+
+    /// Clips with a total that the caller supplies (PyTorch's
+    /// `clip_grads_with_norm_`): the 16-byte [`NormPartial`](crate::NormPartial)
+    /// at `offset` of `source` (usage `COPY_SRC`), typically all ranks'
+    /// partials [combined](crate::NormPartial::combine). Copies it into this
+    /// set, computes the coefficient from it and scales; the gradients are
+    /// not reduced again. The report's norm is the combined one.
+    ///
+    /// Per-tensor clipping has no global total to supply: it is rejected.
+    pub fn clip_with_partial(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        clip: &ClipNorm,
+        source: &wgpu::Buffer,
+        offset: u64,
+    ) -> Result<()> {
+        if clip.is_per_tensor() {
+            return Err(Error::Unsupported(
+                "per-tensor clipping with a supplied total",
+            ));
+        }
+        let (reduction, config) = clip.to_record()?;
+        if !source.usage().contains(wgpu::BufferUsages::COPY_SRC) {
+            return Err(Error::MissingUsage {
+                missing: wgpu::BufferUsages::COPY_SRC,
+            });
+        }
+        let bytes = size_of::<Partial>() as u64;
+        if offset % 4 != 0
+            || offset
+                .checked_add(bytes)
+                .is_none_or(|end| end > source.size())
+        {
+            return Err(Error::LayoutExceedsBuffer {
+                needed: offset.saturating_add(bytes),
+                buffer_size: source.size(),
+            });
+        }
+        let config_offset = self.config_offset(config);
+        encoder.copy_buffer_to_buffer(source, offset, &self.stats, STATS_PARTIAL_OFFSET, bytes);
+        {
+            let mut pass = self.pass(encoder, "gradclip finish");
+            pass.set_pipeline(self.inner.pipelines.finish(reduction));
+            pass.set_bind_group(0, &self.bind_groups[0], &[config_offset]);
+            pass.dispatch_workgroups(1, 1, 1);
+        }
+        self.encode_scale(encoder, config_offset);
+        self.record_report(encoder, &config, clip);
         Ok(())
     }
 
     /// Records value clipping: every element clamped to `[min, max]` in
     /// place (PyTorch's `clip_grad_value_(v)` is `min = -v, max = v`). NaN
-    /// stays NaN; ±inf become the bounds. Leaves the report alone.
+    /// stays NaN; ±inf become the bounds. Leaves the reports alone.
     pub fn clip_value(&self, encoder: &mut wgpu::CommandEncoder, min: f32, max: f32) -> Result<()> {
         let offset = self.config_offset(clamp_record(min, max)?);
-        if self.windows.is_empty() {
+        if !self.has_elements {
             return Ok(());
         }
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some("gradclip clamp"),
-            timestamp_writes: None,
-        });
+        let mut pass = self.pass(encoder, "gradclip clamp");
         pass.set_pipeline(&self.inner.pipelines.clamp);
         for bind_group in &self.bind_groups {
             pass.set_bind_group(0, bind_group, &[offset]);
@@ -385,13 +561,22 @@ impl GradSet {
         Ok(())
     }
 
-    /// The report of the latest `clip_norm` recorded on this set and
-    /// submitted. Natively it drives the device until the submitted work is
-    /// done; in the browser it waits for the map callback. Further steps can
-    /// be recorded and submitted while it is pending, and it never has to be
-    /// called. Returns [`Error::NonFinite`] for a clip made with
-    /// `error_if_nonfinite` whose norm was NaN or infinite.
+    /// The report of the latest norm clip recorded on this set and submitted.
+    /// Natively it drives the device until the submitted work is done; in the
+    /// browser it waits for the map callback. Further steps can be recorded
+    /// and submitted while it is pending, and it never has to be called.
+    /// Returns [`Error::NonFinite`] for a clip made with `error_if_nonfinite`
+    /// whose norm was NaN or infinite.
     pub async fn read_report(&self) -> Result<ClipReport> {
-        self.reports.read(&self.inner.device).await
+        self.reports.latest(&self.inner.device).await
+    }
+
+    /// Every report that came back since the last call, oldest first: one
+    /// per submitted step, as long as no more than 16 steps are in flight
+    /// unread (older ones are then overwritten). A training loop can log the
+    /// norm of every step without ever stalling on one. `error_if_nonfinite`
+    /// shows here as `nonfinite` on the report rather than as an error.
+    pub async fn take_reports(&self) -> Result<Vec<ClipReport>> {
+        self.reports.take_all(&self.inner.device).await
     }
 }

@@ -1,26 +1,30 @@
-//! The offset table of a flat gradient buffer and the chunk plan derived from it.
+//! The offset table of the gradients and the chunk plan derived from it.
 
 use crate::error::{Error, Result};
 use crate::records::Chunk;
 
-/// Where each tensor lives in a flat `f32` gradient buffer: tensors packed
-/// back to back from element 0, in order. Zero-sized tensors are allowed.
+/// The tensors of a model's gradients: their element counts, in order, and
+/// optionally their names. [`Clipper::bind`](crate::Clipper::bind) packs them
+/// back to back in one `f32` buffer; [`Clipper::bind_ranges`](crate::Clipper::bind_ranges)
+/// places each one anywhere in any buffer. Zero-sized tensors are allowed.
 ///
 /// ```
-/// let layout = gradclip::GradLayout::from_sizes(&[784 * 128, 128, 128 * 10, 10])?;
-/// assert_eq!(layout.len(), 4);
-/// assert_eq!(layout.total_elements(), 101_770);
-/// assert_eq!(layout.range(2), 100_480..101_760);
+/// let layout = gradclip::GradLayout::from_named(&[("fc1.weight", 784 * 128), ("fc1.bias", 128)])?;
+/// assert_eq!(layout.len(), 2);
+/// assert_eq!(layout.total_elements(), 100_480);
+/// assert_eq!(layout.range(1), 100_352..100_480);
+/// assert_eq!(layout.name(1), Some("fc1.bias"));
 /// # Ok::<(), gradclip::Error>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GradLayout {
-    /// offsets[i] .. offsets[i + 1] is tensor i; one more entry than tensors.
+    /// offsets[i] .. offsets[i + 1] is tensor i when packed; one more entry than tensors.
     offsets: Vec<u64>,
+    names: Option<Vec<String>>,
 }
 
 impl GradLayout {
-    /// Packs tensors of the given element counts in order.
+    /// Tensors of the given element counts, in order.
     ///
     /// Fails with [`Error::EmptyLayout`] for no tensors at all, and with
     /// [`Error::LayoutOverflow`] if the total does not fit in 64 bits.
@@ -37,7 +41,20 @@ impl GradLayout {
                 .ok_or(Error::LayoutOverflow)?;
             offsets.push(total);
         }
-        Ok(Self { offsets })
+        Ok(Self {
+            offsets,
+            names: None,
+        })
+    }
+
+    /// Named tensors (`("fc1.weight", elements)`), in order; reports can then
+    /// name each per-tensor norm.
+    pub fn from_named(tensors: &[(&str, usize)]) -> Result<Self> {
+        let sizes: Vec<usize> = tensors.iter().map(|t| t.1).collect();
+        Ok(Self {
+            names: Some(tensors.iter().map(|t| t.0.to_string()).collect()),
+            ..Self::from_sizes(&sizes)?
+        })
     }
 
     /// Number of tensors.
@@ -55,7 +72,7 @@ impl GradLayout {
         self.offsets[self.len()]
     }
 
-    /// Element range of tensor `i` in the flat buffer.
+    /// Element range of tensor `i` when the tensors are packed in one buffer.
     ///
     /// # Panics
     /// If `i >= self.len()`, like slice indexing.
@@ -67,100 +84,205 @@ impl GradLayout {
     pub fn sizes(&self) -> impl ExactSizeIterator<Item = u64> + '_ {
         self.offsets.windows(2).map(|w| w[1] - w[0])
     }
+
+    /// Name of tensor `i`, if the layout was made with names.
+    pub fn name(&self, i: usize) -> Option<&str> {
+        self.names
+            .as_ref()
+            .and_then(|n| n.get(i))
+            .map(String::as_str)
+    }
 }
 
-/// One binding window: a range of the gradient buffer bound on its own,
-/// because a storage binding is capped (128 MiB by default).
+/// Where one tensor lives: which of the bound buffers, at which byte offset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Placement {
+    pub buffer: usize,
+    pub byte_offset: u64,
+}
+
+/// One binding window: a range of one gradient buffer bound on its own,
+/// because a storage binding is capped (128 MiB by default) and gradients
+/// may be spread over several buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Window {
-    pub first_element: u64,
-    pub elements: u64,
+    pub buffer: usize,
+    /// Aligned to the device's storage offset alignment.
+    pub byte_offset: u64,
+    pub bytes: u64,
     pub chunk_begin: u32,
     pub chunk_end: u32,
 }
 
-/// The chunk table and the windows for one layout.
+/// The chunk table, the windows, and each tensor's chunk range.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Plan {
     pub chunks: Vec<Chunk>,
     pub windows: Vec<Window>,
+    pub tensor_chunks: Vec<(u32, u32)>,
+}
+
+fn count_u32(what: &'static str, n: usize) -> Result<u32> {
+    u32::try_from(n).map_err(|_| Error::TooLarge {
+        what,
+        needed: n as u64,
+        limit: u32::MAX as u64,
+    })
 }
 
 /// Cuts every tensor into chunks of at most `chunk_elements`, never across a
-/// window boundary; windows are `window_elements` long. Zero-sized tensors
-/// give no chunk. Fails if a count does not fit the `u32` fields the shaders read.
-pub(crate) fn plan(layout: &GradLayout, chunk_elements: u32, window_elements: u64) -> Result<Plan> {
-    debug_assert!(chunk_elements > 0 && window_elements > 0);
-    let total = layout.total_elements();
+/// window; a window starts at an `align`-aligned byte offset and spans at
+/// most `window_bytes`. Tensors are visited in buffer and offset order so
+/// that each window's chunks are contiguous in the table; each tensor's
+/// chunks are contiguous too. Overlapping tensors are an error.
+pub(crate) fn plan(
+    layout: &GradLayout,
+    placements: &[Placement],
+    chunk_elements: u32,
+    window_bytes: u64,
+    align: u64,
+) -> Result<Plan> {
+    debug_assert!(chunk_elements > 0 && window_bytes >= align && placements.len() == layout.len());
+    let sizes: Vec<u64> = layout.sizes().collect();
+    let mut order: Vec<usize> = (0..layout.len()).filter(|&t| sizes[t] > 0).collect();
+    order.sort_by_key(|&t| (placements[t].buffer, placements[t].byte_offset));
+    for pair in order.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        let end_a = placements[a].byte_offset + 4 * sizes[a];
+        if placements[a].buffer == placements[b].buffer && end_a > placements[b].byte_offset {
+            return Err(Error::OverlappingTensors {
+                first: a,
+                second: b,
+            });
+        }
+    }
     let mut windows: Vec<Window> = Vec::new();
     let mut chunks = Vec::new();
-    for (tensor, size) in layout.sizes().enumerate() {
-        let tensor = u32::try_from(tensor).map_err(|_| Error::TooLarge {
-            what: "tensor count",
-            needed: layout.len() as u64,
-            limit: u32::MAX as u64,
-        })?;
-        let mut at = layout.offsets[tensor as usize];
-        let end = at + size;
+    let mut tensor_chunks = vec![(0u32, 0u32); layout.len()];
+    count_u32("tensor count", layout.len())?;
+    for &t in &order {
+        let first = count_u32("chunk count", chunks.len())?;
+        let Placement {
+            buffer,
+            byte_offset,
+        } = placements[t];
+        let (mut at, end) = (byte_offset, byte_offset + 4 * sizes[t]);
         while at < end {
-            let w = at / window_elements;
-            let window_start = w * window_elements;
-            let window_end = (window_start + window_elements).min(total);
-            let len = (end - at).min(chunk_elements as u64).min(window_end - at);
-            while windows.len() as u64 <= w {
-                let first_element = windows.len() as u64 * window_elements;
-                let n = chunks.len() as u32;
+            let fits = windows.last().is_some_and(|w| {
+                w.buffer == buffer && at >= w.byte_offset && at + 4 <= w.byte_offset + window_bytes
+            });
+            if !fits {
+                let n = count_u32("chunk count", chunks.len())?;
                 windows.push(Window {
-                    first_element,
-                    elements: (first_element + window_elements).min(total) - first_element,
+                    buffer,
+                    byte_offset: at / align * align,
+                    bytes: 0,
                     chunk_begin: n,
                     chunk_end: n,
                 });
             }
+            let w = windows.last_mut().expect("a window was just ensured");
+            let elements = ((end - at) / 4)
+                .min(chunk_elements as u64)
+                .min((w.byte_offset + window_bytes - at) / 4);
             chunks.push(Chunk {
-                start: (at - window_start) as u32,
-                len: len as u32,
-                tensor,
+                start: ((at - w.byte_offset) / 4) as u32,
+                len: elements as u32,
+                tensor: t as u32,
             });
-            let count = u32::try_from(chunks.len()).map_err(|_| Error::TooLarge {
-                what: "chunk count",
-                needed: chunks.len() as u64,
-                limit: u32::MAX as u64,
-            })?;
-            windows[w as usize].chunk_end = count;
-            at += len;
+            at += 4 * elements;
+            w.bytes = at - w.byte_offset;
+            w.chunk_end = count_u32("chunk count", chunks.len())?;
         }
+        tensor_chunks[t] = (first, count_u32("chunk count", chunks.len())?);
     }
-    Ok(Plan { chunks, windows })
+    Ok(Plan {
+        chunks,
+        windows,
+        tensor_chunks,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn chunks_cover_every_element_once_in_order() {
-        let layout = GradLayout::from_sizes(&[5, 0, 17, 3, 0, 40]).unwrap();
-        let plan = plan(&layout, 4, 16).unwrap();
-        let mut covered = Vec::new();
+    fn packed(layout: &GradLayout) -> Vec<Placement> {
+        (0..layout.len())
+            .map(|t| Placement {
+                buffer: 0,
+                byte_offset: 4 * layout.range(t).start,
+            })
+            .collect()
+    }
+
+    /// Every element of every tensor is covered once, by a chunk of its own tensor.
+    fn check_cover(layout: &GradLayout, placements: &[Placement], plan: &Plan, window_bytes: u64) {
+        let mut covered: Vec<Vec<u64>> = vec![Vec::new(); layout.len()];
         for w in &plan.windows {
+            assert!(w.bytes <= window_bytes);
             for c in &plan.chunks[w.chunk_begin as usize..w.chunk_end as usize] {
-                assert!(c.len >= 1 && c.len <= 4);
-                assert!(c.start as u64 + c.len as u64 <= w.elements);
-                let first = w.first_element + c.start as u64;
-                assert!(layout.range(c.tensor as usize).contains(&first));
-                covered.extend(first..first + c.len as u64);
+                assert!(c.len >= 1);
+                assert!(4 * (c.start as u64 + c.len as u64) <= w.bytes);
+                let byte = w.byte_offset + 4 * c.start as u64;
+                assert_eq!(w.buffer, placements[c.tensor as usize].buffer);
+                let first = (byte - placements[c.tensor as usize].byte_offset) / 4;
+                covered[c.tensor as usize].extend(first..first + c.len as u64);
             }
         }
-        assert_eq!(covered, (0..65).collect::<Vec<u64>>());
-        assert_eq!(plan.windows.len(), 5);
-        assert_eq!(plan.windows[4].elements, 1);
+        for (t, cover) in covered.iter().enumerate() {
+            assert_eq!(
+                *cover,
+                (0..layout.range(t).end - layout.range(t).start).collect::<Vec<u64>>()
+            );
+            let (a, b) = plan.tensor_chunks[t];
+            assert!(plan.chunks[a as usize..b as usize]
+                .iter()
+                .all(|c| c.tensor as usize == t));
+        }
+    }
+
+    #[test]
+    fn packed_tensors_are_cut_at_chunks_and_windows() {
+        let layout = GradLayout::from_sizes(&[5, 0, 17, 3, 0, 40]).unwrap();
+        let placements = packed(&layout);
+        let plan = plan(&layout, &placements, 4, 64, 16).unwrap();
+        check_cover(&layout, &placements, &plan, 64);
+        assert!(plan.windows.len() >= 5);
+    }
+
+    #[test]
+    fn scattered_tensors_over_buffers() {
+        let layout = GradLayout::from_sizes(&[10, 3, 7, 100]).unwrap();
+        let placements =
+            [(1, 1000), (0, 36), (1, 12), (0, 512)].map(|(buffer, byte_offset)| Placement {
+                buffer,
+                byte_offset,
+            });
+        let plan = plan(&layout, &placements, 8, 256, 256).unwrap();
+        check_cover(&layout, &placements, &plan, 256);
+    }
+
+    #[test]
+    fn overlapping_tensors_are_an_error() {
+        let layout = GradLayout::from_sizes(&[10, 10]).unwrap();
+        let placements = [(0, 0), (0, 36)].map(|(buffer, byte_offset)| Placement {
+            buffer,
+            byte_offset,
+        });
+        assert_eq!(
+            plan(&layout, &placements, 8, 256, 256),
+            Err(Error::OverlappingTensors {
+                first: 0,
+                second: 1
+            })
+        );
     }
 
     #[test]
     fn zero_sized_tensors_only() {
         let layout = GradLayout::from_sizes(&[0, 0]).unwrap();
-        let plan = plan(&layout, 8, 8).unwrap();
+        let plan = plan(&layout, &packed(&layout), 8, 256, 256).unwrap();
         assert!(plan.chunks.is_empty() && plan.windows.is_empty());
     }
 

@@ -14,12 +14,23 @@ pub struct Chunk {
     pub tensor: u32,
 }
 
-/// WGSL `Partial`: one chunk's reduction (its size is all the host needs).
+/// WGSL `Partial`: a reduction of some elements that combines exactly with
+/// others (see [`NormPartial`](crate::NormPartial) for its public face).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
 pub struct Partial {
     pub v: [f32; 3],
     pub flags: u32,
+}
+
+/// WGSL `TensorStat`: a tensor's chunk range, norm and coefficient.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
+pub struct TensorStat {
+    pub chunk_begin: u32,
+    pub chunk_end: u32,
+    pub norm: f32,
+    pub coefficient: f32,
 }
 
 /// WGSL `WindowInfo`: written once per binding window.
@@ -30,6 +41,7 @@ pub struct WindowInfo {
     pub chunk_end: u32,
     pub chunk_count: u32,
     pub workgroups: u32,
+    pub tensor_count: u32,
 }
 
 /// WGSL `ClipConfig`: one clip's parameters.
@@ -42,8 +54,9 @@ pub struct ClipConfig {
     pub max_norm: f32,
     pub clamp_min: f32,
     pub clamp_max: f32,
-    pub _pad0: u32,
-    pub _pad1: u32,
+    /// `CFG_*` bits.
+    pub flags: u32,
+    pub _pad: u32,
 }
 
 impl ClipConfig {
@@ -66,6 +79,13 @@ pub struct ClipState {
     pub _pad: u32,
 }
 
+/// Byte offsets of the members of WGSL `Stats { state, partial, tensors }`.
+pub const STATS_STATE_OFFSET: u64 = 0;
+pub const STATS_PARTIAL_OFFSET: u64 = 32;
+pub const STATS_TENSORS_OFFSET: u64 = 48;
+/// Bytes of `Stats` up to its per-tensor array.
+pub const STATS_HEAD_SIZE: u64 = STATS_TENSORS_OFFSET;
+
 /// Byte offset of the scale pass's indirect arguments inside `ClipState`.
 pub const DISPATCH_OFFSET: u64 = core::mem::offset_of!(ClipState, dispatch) as u64;
 /// Byte size of one indirect dispatch (x, y, z).
@@ -77,6 +97,10 @@ pub const SEMANTICS_TENSORFLOW: u32 = 1;
 /// Bits of WGSL's `FLAG_*` constants in `ClipState::nonfinite`.
 pub const FLAG_INF: u32 = 1;
 pub const FLAG_NAN: u32 = 2;
+/// Bits of WGSL's `CFG_*` constants in `ClipConfig::flags`.
+pub const CFG_TENSOR_NORMS: u32 = 1;
+pub const CFG_PER_TENSOR: u32 = 2;
+pub const CFG_NO_SCALE: u32 = 4;
 
 /// A record's WGSL struct name, byte size and `(member, offset)` pairs.
 pub type RecordLayout = (&'static str, usize, Vec<(&'static str, usize)>);
@@ -97,7 +121,8 @@ pub fn layouts() -> Vec<RecordLayout> {
             chunk_begin,
             chunk_end,
             chunk_count,
-            workgroups
+            workgroups,
+            tensor_count
         }),
         record!(ClipConfig {
             semantics,
@@ -106,8 +131,14 @@ pub fn layouts() -> Vec<RecordLayout> {
             max_norm,
             clamp_min,
             clamp_max,
-            _pad0,
-            _pad1
+            flags,
+            _pad
+        }),
+        record!(TensorStat {
+            chunk_begin,
+            chunk_end,
+            norm,
+            coefficient
         }),
         record!(ClipState {
             total_norm,

@@ -1,29 +1,61 @@
 //! Clip reports and the ring of readback buffers they come back through.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
-use crate::records::{ClipState, FLAG_INF, FLAG_NAN};
+use crate::partial::NormPartial;
+use crate::records::{
+    ClipState, Partial, TensorStat, FLAG_INF, FLAG_NAN, STATS_HEAD_SIZE, STATS_PARTIAL_OFFSET,
+};
 
-/// What a `clip_norm` found and did.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// What a clip found and did.
+#[derive(Clone, Debug, PartialEq)]
 pub struct ClipReport {
     /// The global norm of all gradients before clipping; `+inf` if it is
     /// larger than `f32::MAX` (the coefficient is still exact then) or an
     /// element was infinite, NaN if an element was NaN.
     pub total_norm: f32,
-    /// The factor the gradients were multiplied by (1.0: untouched).
+    /// The factor the gradients were multiplied by (1.0: untouched). When
+    /// clipping per tensor, the coefficient the global norm would give; the
+    /// factors applied are in `tensor_coefficients`.
     pub coefficient: f32,
     /// Whether any gradient element was NaN or infinite.
     pub nonfinite: bool,
-    /// Which `clip_norm` call on the set this is, counting from 1.
+    /// Which norm clip on the set this is, counting from 1.
     pub step: u64,
+    /// This set's share of the norm, to combine with other shards'.
+    pub partial: NormPartial,
+    /// Each tensor's norm, in layout order, when the clip asked for them
+    /// (`ClipNorm::tensor_norms` or `per_tensor`); empty otherwise.
+    pub tensor_norms: Vec<f32>,
+    /// Each tensor's coefficient, alongside `tensor_norms`.
+    pub tensor_coefficients: Vec<f32>,
 }
 
-/// Readback buffers: one report each, so that a report can be awaited while
-/// the next steps are recorded and submitted.
-const SLOTS: usize = 4;
-const STATE_SIZE: u64 = core::mem::size_of::<ClipState>() as u64;
+impl ClipReport {
+    /// `(name, norm)` of each tensor, for a layout made with names.
+    pub fn named_norms<'a>(
+        &'a self,
+        layout: &'a crate::GradLayout,
+    ) -> impl Iterator<Item = (&'a str, f32)> + 'a {
+        self.tensor_norms
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (layout.name(i).unwrap_or(""), n))
+    }
+}
+
+/// Readback buffers, one report each: reports of steps k, k+1, ... can be
+/// awaited while later steps are recorded and submitted.
+pub(crate) const SLOTS: usize = 16;
+
+#[derive(Clone, Debug)]
+struct Meta {
+    step: u64,
+    error_if_nonfinite: bool,
+    with_tensors: bool,
+}
 
 #[derive(Clone, Debug)]
 enum Status {
@@ -31,30 +63,10 @@ enum Status {
     /// A copy and a map were recorded; the map callback has not run yet
     /// (natively the buffer may already be mapped: another thread's poll can
     /// still be on its way to the callback).
-    Pending {
-        step: u64,
-        error_if_nonfinite: bool,
-    },
-    /// Mapped: the report of `step` can be read.
-    Ready {
-        step: u64,
-        error_if_nonfinite: bool,
-    },
-    Failed {
-        step: u64,
-        message: String,
-    },
-}
-
-impl Status {
-    fn step(&self) -> Option<u64> {
-        match self {
-            Status::Idle => None,
-            Status::Pending { step, .. }
-            | Status::Ready { step, .. }
-            | Status::Failed { step, .. } => Some(*step),
-        }
-    }
+    Pending(Meta),
+    /// Mapped: the report can be read.
+    Ready(Meta),
+    Failed(String),
 }
 
 #[derive(Debug)]
@@ -69,14 +81,21 @@ struct Slot {
     shared: Arc<Shared>,
 }
 
+#[derive(Debug, Default)]
+struct Arrived {
+    /// Reports read back and not yet taken, by step.
+    queue: BTreeMap<u64, (ClipReport, bool)>,
+    /// The newest report read back so far.
+    latest: Option<(ClipReport, bool)>,
+}
+
 #[derive(Debug)]
 pub(crate) struct ReportRing {
     slots: Vec<Slot>,
-    /// The newest report read so far (`read` returns it again until a newer
-    /// one arrives), with whether its clip asked for `error_if_nonfinite`.
-    last_read: Mutex<Option<(ClipReport, bool)>>,
+    tensor_count: usize,
+    arrived: Mutex<Arrived>,
     /// Slot of the latest recorded step that got one.
-    latest: Mutex<Option<usize>>,
+    latest_slot: Mutex<Option<usize>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -84,13 +103,23 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+fn final_result(entry: &(ClipReport, bool)) -> Result<ClipReport> {
+    match entry {
+        (report, true) if report.nonfinite => Err(Error::NonFinite {
+            total_norm: report.total_norm,
+        }),
+        (report, _) => Ok(report.clone()),
+    }
+}
+
 impl ReportRing {
-    pub fn new(device: &wgpu::Device) -> Self {
+    pub fn new(device: &wgpu::Device, tensor_count: usize) -> Self {
+        let size = STATS_HEAD_SIZE + (tensor_count * size_of::<TensorStat>()) as u64;
         let slots = (0..SLOTS)
             .map(|i| Slot {
                 buffer: device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some(&format!("gradclip report readback {i}")),
-                    size: STATE_SIZE,
+                    size,
                     usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                     mapped_at_creation: false,
                 }),
@@ -102,25 +131,27 @@ impl ReportRing {
             .collect();
         Self {
             slots,
-            last_read: Mutex::new(None),
-            latest: Mutex::new(None),
+            tensor_count,
+            arrived: Mutex::new(Arrived::default()),
+            latest_slot: Mutex::new(None),
         }
     }
 
-    /// Records the copy of `state` for `step` and a map that runs once the
+    /// Records the copy of `stats` for `step` and a map that runs once the
     /// encoder is submitted and done. A slot whose map has not completed is
     /// never reused; if every slot is in flight, this step gets no report.
     pub fn record(
         &self,
         encoder: &mut wgpu::CommandEncoder,
-        state: &wgpu::Buffer,
+        stats: &wgpu::Buffer,
         step: u64,
         error_if_nonfinite: bool,
+        with_tensors: bool,
     ) {
         let preferred = (step as usize) % SLOTS;
         let free = (0..SLOTS)
             .map(|k| (preferred + k) % SLOTS)
-            .find(|&i| !matches!(*lock(&self.slots[i].shared.status), Status::Pending { .. }));
+            .find(|&i| !matches!(*lock(&self.slots[i].shared.status), Status::Pending(_)));
         let Some(i) = free else {
             log::warn!(
                 "gradclip: all {SLOTS} report buffers are in flight; step {step} has no report"
@@ -128,44 +159,51 @@ impl ReportRing {
             return;
         };
         let slot = &self.slots[i];
+        let meta = Meta {
+            step,
+            error_if_nonfinite,
+            with_tensors: with_tensors && self.tensor_count > 0,
+        };
         {
             let mut status = lock(&slot.shared.status);
-            if matches!(*status, Status::Ready { .. }) {
+            if matches!(*status, Status::Ready(_)) {
+                // Read back but never taken: the ring overwrites its oldest.
                 slot.buffer.unmap();
             }
-            *status = Status::Pending {
-                step,
-                error_if_nonfinite,
-            };
+            *status = Status::Pending(meta.clone());
             slot.shared.done.reset();
         }
-        encoder.copy_buffer_to_buffer(state, 0, &slot.buffer, 0, STATE_SIZE);
+        let size = if meta.with_tensors {
+            slot.buffer.size()
+        } else {
+            STATS_HEAD_SIZE
+        };
+        encoder.copy_buffer_to_buffer(stats, 0, &slot.buffer, 0, size);
         let shared = slot.shared.clone();
-        encoder.map_buffer_on_submit(&slot.buffer, wgpu::MapMode::Read, .., move |result| {
+        encoder.map_buffer_on_submit(&slot.buffer, wgpu::MapMode::Read, ..size, move |result| {
             let mut status = lock(&shared.status);
-            *status = match result {
-                Ok(()) => Status::Ready {
-                    step,
-                    error_if_nonfinite,
-                },
-                Err(e) => Status::Failed {
-                    step,
-                    message: e.to_string(),
-                },
-            };
-            shared.done.set();
+            // A reader may have taken this report already (natively it reads
+            // a mapped buffer without waiting for the callback) and the slot
+            // may hold a newer step by now: then there is nothing to do.
+            if matches!(&*status, Status::Pending(m) if m.step == step) {
+                *status = match result {
+                    Ok(()) => Status::Ready(meta),
+                    Err(e) => Status::Failed(e.to_string()),
+                };
+                shared.done.set();
+            }
         });
-        *lock(&self.latest) = Some(i);
+        *lock(&self.latest_slot) = Some(i);
     }
 
-    /// The report of the latest recorded step that was submitted.
-    pub async fn read(&self, device: &wgpu::Device) -> Result<ClipReport> {
-        let latest = (*lock(&self.latest)).ok_or(Error::NoReport)?;
+    /// Waits for the latest recorded step's report where that is possible.
+    async fn wait(&self, device: &wgpu::Device) -> Result<()> {
+        let latest = (*lock(&self.latest_slot)).ok_or(Error::NoReport)?;
         #[cfg(not(target_arch = "wasm32"))]
         {
             // Natively callbacks run inside poll: drive the device until all
             // submitted work is done. The latest slot may still be pending if
-            // its encoder was not submitted; an older report is used then.
+            // its encoder was not submitted; older reports are used then.
             let _ = latest;
             device
                 .poll(wgpu::PollType::wait_indefinitely())
@@ -179,64 +217,104 @@ impl ReportRing {
             let shared = self.slots[latest].shared.clone();
             shared.done.wait().await;
         }
-        self.take_newest()
+        Ok(())
     }
 
-    /// Reads the newest report that is back, if it is newer than the last one read.
-    fn take_newest(&self) -> Result<ClipReport> {
-        let mut last_read = lock(&self.last_read);
-        let cached_step = last_read.map(|(r, _)| r.step);
-        let mut by_step: Vec<(u64, usize)> = (0..SLOTS)
-            .filter_map(|i| lock(&self.slots[i].shared.status).step().map(|s| (s, i)))
-            .collect();
-        by_step.sort_unstable_by(|a, b| b.cmp(a));
-        for (step, i) in by_step {
-            if Some(step) <= cached_step {
-                break;
-            }
-            let slot = &self.slots[i];
+    /// The report of the latest recorded step that was submitted.
+    pub async fn latest(&self, device: &wgpu::Device) -> Result<ClipReport> {
+        self.wait(device).await?;
+        self.collect()?;
+        let arrived = lock(&self.arrived);
+        arrived
+            .latest
+            .as_ref()
+            .map(final_result)
+            .unwrap_or(Err(Error::NotSubmitted))
+    }
+
+    /// Every report that came back and was not taken yet, oldest first.
+    pub async fn take_all(&self, device: &wgpu::Device) -> Result<Vec<ClipReport>> {
+        self.wait(device).await?;
+        self.collect()?;
+        let queue = std::mem::take(&mut lock(&self.arrived).queue);
+        Ok(queue.into_values().map(|(report, _)| report).collect())
+    }
+
+    /// Moves every report that is back from its slot into `arrived`.
+    fn collect(&self) -> Result<()> {
+        let mut failure = None;
+        for slot in &self.slots {
             let mut status = lock(&slot.shared.status);
-            let error_if_nonfinite = match status.clone() {
-                Status::Ready {
-                    error_if_nonfinite, ..
-                } => error_if_nonfinite,
+            let meta = match &*status {
+                Status::Ready(meta) => meta.clone(),
                 // Natively a buffer mapped before its callback ran is done; an
                 // unmapped one was not submitted (get_mapped_range just fails).
                 // In the browser only the callback says so.
-                Status::Pending {
-                    error_if_nonfinite, ..
-                } if cfg!(not(target_arch = "wasm32")) => error_if_nonfinite,
-                Status::Failed { message, .. } => {
+                Status::Pending(meta) if cfg!(not(target_arch = "wasm32")) => meta.clone(),
+                Status::Failed(message) => {
+                    failure = Some(message.clone());
                     *status = Status::Idle;
-                    return Err(Error::Readback(message));
+                    continue;
                 }
                 _ => continue,
             };
-            let Ok(view) = slot.buffer.get_mapped_range(..) else {
+            let size = if meta.with_tensors {
+                slot.buffer.size()
+            } else {
+                STATS_HEAD_SIZE
+            };
+            let Ok(view) = slot.buffer.get_mapped_range(..size) else {
                 continue;
             };
-            let state: ClipState = bytemuck::pod_read_unaligned(&view[..STATE_SIZE as usize]);
+            let report = parse(&view, &meta, self.tensor_count);
             drop(view);
             slot.buffer.unmap();
             *status = Status::Idle;
-            *last_read = Some((report_of(&state, step), error_if_nonfinite));
-            break;
+            drop(status);
+            let mut arrived = lock(&self.arrived);
+            let entry = (report, meta.error_if_nonfinite);
+            if arrived
+                .latest
+                .as_ref()
+                .is_none_or(|(r, _)| r.step < meta.step)
+            {
+                arrived.latest = Some(entry.clone());
+            }
+            arrived.queue.insert(meta.step, entry);
+            // Reports nobody takes must not pile up.
+            while arrived.queue.len() > 4 * SLOTS {
+                arrived.queue.pop_first();
+            }
         }
-        match *last_read {
-            None => Err(Error::NotSubmitted),
-            Some((report, true)) if report.nonfinite => Err(Error::NonFinite {
-                total_norm: report.total_norm,
-            }),
-            Some((report, _)) => Ok(report),
+        match failure {
+            Some(message) => Err(Error::Readback(message)),
+            None => Ok(()),
         }
     }
 }
 
-fn report_of(state: &ClipState, step: u64) -> ClipReport {
+fn parse(bytes: &[u8], meta: &Meta, tensor_count: usize) -> ClipReport {
+    let state: ClipState = bytemuck::pod_read_unaligned(&bytes[..size_of::<ClipState>()]);
+    let at = STATS_PARTIAL_OFFSET as usize;
+    let partial: Partial = bytemuck::pod_read_unaligned(&bytes[at..at + size_of::<Partial>()]);
+    let tensors: Vec<TensorStat> = if meta.with_tensors {
+        let head = STATS_HEAD_SIZE as usize;
+        (0..tensor_count)
+            .map(|i| {
+                let at = head + i * size_of::<TensorStat>();
+                bytemuck::pod_read_unaligned(&bytes[at..at + size_of::<TensorStat>()])
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     ClipReport {
         total_norm: state.total_norm,
         coefficient: state.coefficient,
         nonfinite: state.nonfinite & (FLAG_INF | FLAG_NAN) != 0,
-        step,
+        step: meta.step,
+        partial: NormPartial(partial),
+        tensor_norms: tensors.iter().map(|t| t.norm).collect(),
+        tensor_coefficients: tensors.iter().map(|t| t.coefficient).collect(),
     }
 }

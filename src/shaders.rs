@@ -40,7 +40,8 @@ pub const REDUCE: PassModule = PassModule {
     entry_points: &["reduce_l2", "reduce_inf", "reduce_p"],
 };
 
-/// Finalize: total norm, coefficient, scale dispatch.
+/// Finalize: total norm, per-tensor norms, coefficient, scale dispatch;
+/// finish: the same from a total supplied by the host.
 pub const FINALIZE: PassModule = PassModule {
     name: "gradclip finalize",
     files: &[
@@ -48,7 +49,14 @@ pub const FINALIZE: PassModule = PassModule {
         FOLD,
         ("finalize.wgsl", include_str!("../shaders/finalize.wgsl")),
     ],
-    entry_points: &["finalize_l2", "finalize_inf", "finalize_p"],
+    entry_points: &[
+        "finalize_l2",
+        "finalize_inf",
+        "finalize_p",
+        "finish_l2",
+        "finish_inf",
+        "finish_p",
+    ],
 };
 
 /// Scale: in-place multiply (norm clipping) and clamp (value clipping).
