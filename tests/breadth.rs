@@ -1,0 +1,557 @@
+//! Clipping breadth against the float64 reference: per-tensor norms and
+//! clipping, split norm and clip across shards and devices, gradients spread
+//! over several buffers, and ordered asynchronous reports.
+
+mod common;
+
+use common::reference::{self, assert_close, assert_identical, Order};
+use common::{
+    assert_no_wgpu_errors, download, gpu, rel_diff, run_clip, upload, watch_errors, GRAD_USAGE,
+};
+use gradclip::{ClipNorm, GradLayout, Norm, NormPartial};
+use wgpu::util::DeviceExt;
+
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|i| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let u = (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
+            u * [0.01, 1.0, 30.0][i % 3]
+        })
+        .collect()
+}
+
+fn split(data: &[f32], sizes: &[usize]) -> Vec<Vec<f32>> {
+    let mut at = 0;
+    sizes
+        .iter()
+        .map(|&n| {
+            at += n;
+            data[at - n..at].to_vec()
+        })
+        .collect()
+}
+
+const SIZES: [usize; 6] = [3000, 0, 17, 20_000, 9, 70_001];
+
+#[test]
+fn per_tensor_norms_are_reported_and_named() {
+    let data = values(SIZES.iter().sum(), 1);
+    let named: Vec<(String, usize)> = SIZES
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| (format!("layer{i}.weight"), n))
+        .collect();
+    let named: Vec<(&str, usize)> = named.iter().map(|(s, n)| (s.as_str(), *n)).collect();
+    let layout = GradLayout::from_named(&named).unwrap();
+    for order in [Order::L2, Order::Inf, Order::P(1.0), Order::P(3.0)] {
+        let clip = ClipNorm::new(1e30).norm(order.to_norm()).tensor_norms(true);
+        let (report, after) = run_clip(&data, &SIZES, |set, enc| set.clip_norm(enc, &clip));
+        let report = report.unwrap();
+        assert_eq!(report.tensor_norms.len(), SIZES.len());
+        for (i, tensor) in split(&data, &SIZES).iter().enumerate() {
+            let want = reference::norm(tensor, order);
+            assert!(
+                rel_diff(report.tensor_norms[i] as f64, want) <= 1e-5,
+                "{order:?} tensor {i}: {report:?}"
+            );
+        }
+        let names: Vec<&str> = report.named_norms(&layout).map(|(n, _)| n).collect();
+        assert_eq!(names[3], "layer3.weight");
+        assert_identical(&after, &data, "huge max_norm: untouched");
+    }
+    // Without asking, no per-tensor readback.
+    let (report, _) = run_clip(&data, &SIZES, |set, enc| {
+        set.clip_norm(enc, &ClipNorm::new(1.0))
+    });
+    assert!(report.unwrap().tensor_norms.is_empty());
+}
+
+#[test]
+fn per_tensor_clipping_matches_clip_by_norm() {
+    let mut data = values(SIZES.iter().sum(), 2);
+    for tensorflow in [false, true] {
+        for order in [Order::L2, Order::Inf, Order::P(1.5)] {
+            let max_norm = 2.0f32;
+            let base = if tensorflow {
+                ClipNorm::tensorflow(max_norm)
+            } else {
+                ClipNorm::new(max_norm)
+            };
+            let clip = base.norm(order.to_norm()).per_tensor(true);
+            let (report, after) = run_clip(&data, &SIZES, |set, enc| set.clip_norm(enc, &clip));
+            let report = report.unwrap();
+            let mut want = Vec::new();
+            for (i, tensor) in split(&data, &SIZES).iter().enumerate() {
+                let norm = reference::norm(tensor, order);
+                let clipped = if tensorflow && norm > 0.0 {
+                    reference::tensorflow_clipped(tensor, norm, max_norm as f64)
+                } else if tensorflow {
+                    tensor.clone()
+                } else {
+                    reference::torch_clipped(tensor, norm, max_norm as f64)
+                };
+                assert!(
+                    rel_diff(report.tensor_norms[i] as f64, norm) <= 1e-5,
+                    "tensor {i}"
+                );
+                want.extend(clipped);
+            }
+            let global = reference::norm(&data, order);
+            assert!(
+                rel_diff(report.total_norm as f64, global) <= 1e-5,
+                "global norm still reported"
+            );
+            assert_close(
+                &after,
+                &want,
+                1e-5,
+                &format!("per tensor {order:?} tf={tensorflow}"),
+            );
+        }
+    }
+    // A tensor with an inf: its own elements follow PyTorch, the others are clipped normally.
+    data[3000 + 17 + 5] = f32::INFINITY;
+    let clip = ClipNorm::new(2.0).per_tensor(true);
+    let (report, after) = run_clip(&data, &SIZES, |set, enc| set.clip_norm(enc, &clip));
+    let report = report.unwrap();
+    assert!(report.nonfinite && report.tensor_norms[3].is_infinite());
+    let parts = split(&after, &SIZES);
+    assert!(parts[3]
+        .iter()
+        .enumerate()
+        .all(|(j, &g)| if j == 5 { g.is_nan() } else { g == 0.0 }));
+    let first = &split(&data, &SIZES)[0];
+    let want = reference::torch_clipped(first, reference::norm(first, Order::L2), 2.0);
+    assert_close(&parts[0], &want, 1e-5, "finite tensor beside an inf one");
+}
+
+#[test]
+fn per_tensor_no_clip_step_scales_nothing() {
+    let data = values(SIZES.iter().sum(), 3);
+    let clip = ClipNorm::new(1e30).per_tensor(true);
+    let g = gpu();
+    let buffer = upload(&g.device, &data);
+    let set = g
+        .clipper
+        .bind(&buffer, &GradLayout::from_sizes(&SIZES).unwrap())
+        .unwrap();
+    let mut encoder = g.device.create_command_encoder(&Default::default());
+    set.clip_norm(&mut encoder, &clip).unwrap();
+    g.queue.submit([encoder.finish()]);
+    let state = download(&g.device, &g.queue, set.stats_buffer(), 8);
+    let state: gradclip::records::ClipState =
+        bytemuck::pod_read_unaligned(bytemuck::cast_slice(&state));
+    assert_eq!(state.dispatch[0], 0);
+    assert_no_wgpu_errors();
+}
+
+/// Records the norm of each shard, combines the partials on the CPU, and
+/// clips every shard with the combined one. Returns the shards' gradients
+/// afterwards and the report of the first shard.
+fn clip_sharded(
+    shards: &[(
+        &wgpu::Device,
+        &wgpu::Queue,
+        &gradclip::Clipper,
+        Vec<f32>,
+        Vec<usize>,
+    )],
+    clip: &ClipNorm,
+) -> (Vec<Vec<f32>>, gradclip::ClipReport) {
+    let mut sets = Vec::new();
+    let mut partials = Vec::new();
+    for (device, queue, clipper, data, sizes) in shards {
+        let buffer = upload(device, data);
+        let set = clipper
+            .bind(&buffer, &GradLayout::from_sizes(sizes).unwrap())
+            .unwrap();
+        let mut encoder = device.create_command_encoder(&Default::default());
+        set.record_norm(&mut encoder, clip).unwrap();
+        queue.submit([encoder.finish()]);
+        partials.push(pollster::block_on(set.read_report()).unwrap().partial);
+        sets.push((buffer, set));
+    }
+    // The all-reduce: a CPU combine of 16-byte partials.
+    let combined = NormPartial::combine(&partials, clip.norm_order()).unwrap();
+    let bytes = combined.to_bytes();
+    let roundtrip = NormPartial::from_bytes(bytes);
+    assert_eq!(roundtrip, combined);
+    let mut out = Vec::new();
+    let mut first = None;
+    for ((device, queue, _, data, _), (buffer, set)) in shards.iter().zip(&sets) {
+        let source = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("combined partial"),
+            contents: &bytes,
+            usage: wgpu::BufferUsages::COPY_SRC,
+        });
+        let mut encoder = device.create_command_encoder(&Default::default());
+        set.clip_with_partial(&mut encoder, clip, &source, 0)
+            .unwrap();
+        queue.submit([encoder.finish()]);
+        let report = pollster::block_on(set.read_report()).unwrap();
+        first.get_or_insert(report);
+        out.push(download(device, queue, buffer, data.len()));
+    }
+    (out, first.unwrap())
+}
+
+#[test]
+fn sharded_norm_and_clip_equals_clipping_the_whole() {
+    let g = gpu();
+    let sizes: Vec<usize> = (0..24).map(|i| [5000, 0, 130, 40_000][i % 4]).collect();
+    let data = values(sizes.iter().sum(), 4);
+    for order in [Order::L2, Order::Inf, Order::P(1.0), Order::P(2.5)] {
+        for (shard_count, tensorflow) in [(2, false), (3, true), (4, false)] {
+            let base = if tensorflow {
+                ClipNorm::tensorflow(5.0)
+            } else {
+                ClipNorm::new(5.0)
+            };
+            let clip = base.norm(order.to_norm());
+            let (whole_report, whole) =
+                run_clip(&data, &sizes, |set, enc| set.clip_norm(enc, &clip));
+            let whole_report = whole_report.unwrap();
+            // Cut the model into consecutive groups of tensors.
+            let per = sizes.len().div_ceil(shard_count);
+            let mut at = 0;
+            let shards: Vec<_> = sizes
+                .chunks(per)
+                .map(|group| {
+                    let n: usize = group.iter().sum();
+                    at += n;
+                    (
+                        &g.device,
+                        &g.queue,
+                        &g.clipper,
+                        data[at - n..at].to_vec(),
+                        group.to_vec(),
+                    )
+                })
+                .collect();
+            let (parts, report) = clip_sharded(&shards, &clip);
+            let what = format!("{order:?}, {shard_count} shards, tf={tensorflow}");
+            assert!(
+                rel_diff(report.total_norm as f64, whole_report.total_norm as f64) <= 1e-6,
+                "{what}: norm"
+            );
+            assert_close(&parts.concat(), &whole, 1e-6, &what);
+        }
+    }
+}
+
+#[test]
+fn sharded_over_two_devices() {
+    // Two logical devices on the one adapter stand in for two GPUs.
+    let g = gpu();
+    let (device2, queue2, _) = pollster::block_on(gradclip::default_device()).unwrap();
+    watch_errors(&device2);
+    let clipper2 = gradclip::Clipper::new(&device2, &queue2).unwrap();
+    let sizes = [30_000, 17, 50_000, 3];
+    let data = values(sizes.iter().sum(), 5);
+    let clip = ClipNorm::new(1.0).error_if_nonfinite(true);
+    let (whole_report, whole) = run_clip(&data, &sizes, |set, enc| set.clip_norm(enc, &clip));
+    let shards = [
+        (
+            &g.device,
+            &g.queue,
+            &g.clipper,
+            data[..30_017].to_vec(),
+            vec![30_000, 17],
+        ),
+        (
+            &device2,
+            &queue2,
+            &clipper2,
+            data[30_017..].to_vec(),
+            vec![50_000, 3],
+        ),
+    ];
+    let (parts, report) = clip_sharded(&shards, &clip);
+    assert!(
+        rel_diff(
+            report.total_norm as f64,
+            whole_report.unwrap().total_norm as f64
+        ) <= 1e-6
+    );
+    assert_close(&parts.concat(), &whole, 1e-6, "two devices");
+    assert_no_wgpu_errors();
+}
+
+#[test]
+fn a_nonfinite_shard_poisons_the_combined_norm() {
+    let g = gpu();
+    let mut right = values(1000, 6);
+    right[10] = f32::NAN;
+    let shards = [
+        (&g.device, &g.queue, &g.clipper, values(1000, 7), vec![1000]),
+        (&g.device, &g.queue, &g.clipper, right, vec![1000]),
+    ];
+    let (parts, report) = clip_sharded(&shards, &ClipNorm::new(1.0));
+    assert!(report.total_norm.is_nan() && report.nonfinite);
+    assert!(
+        parts.concat().iter().all(|g| g.is_nan()),
+        "PyTorch: a NaN norm makes every gradient NaN"
+    );
+}
+
+#[test]
+fn gpu_partial_is_what_the_report_says() {
+    let g = gpu();
+    let data = values(10_000, 8);
+    let buffer = upload(&g.device, &data);
+    let set = g
+        .clipper
+        .bind(&buffer, &GradLayout::from_sizes(&[10_000]).unwrap())
+        .unwrap();
+    let mut encoder = g.device.create_command_encoder(&Default::default());
+    set.record_norm(&mut encoder, &ClipNorm::new(1.0).norm(Norm::P(3.0)))
+        .unwrap();
+    g.queue.submit([encoder.finish()]);
+    let report = pollster::block_on(set.read_report()).unwrap();
+    let words = download(&g.device, &g.queue, set.stats_buffer(), 16);
+    let offset = (set.partial_offset() / 4) as usize;
+    let bytes: [u8; 16] = bytemuck::cast_slice(&words[offset..offset + 4])
+        .try_into()
+        .unwrap();
+    assert_eq!(NormPartial::from_bytes(bytes), report.partial);
+    let cpu = report.partial.total_norm(Norm::P(3.0)).unwrap();
+    assert!(rel_diff(cpu, reference::norm(&data, Order::P(3.0))) <= 1e-5);
+    assert_identical(
+        &download(&g.device, &g.queue, &buffer, data.len()),
+        &data,
+        "record_norm touches nothing",
+    );
+}
+
+/// The sizes of a 20-tensor model and where each tensor goes: (buffer, byte offset).
+fn scattered() -> (Vec<usize>, Vec<(usize, u64)>) {
+    let sizes: Vec<usize> = (0..20).map(|i| [1000, 37, 0, 70_001, 5][i % 5]).collect();
+    let mut cursor = [256u64, 4, 1024];
+    let placement = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            let b = (i * 7) % 3;
+            let at = cursor[b];
+            cursor[b] += 4 * n as u64 + 4 * (i as u64 % 3) + 8; // gaps of other data between tensors
+            (b, at)
+        })
+        .collect();
+    (sizes, placement)
+}
+
+fn clip_scattered(
+    device: &wgpu::Device,
+    queue: &wgpu::Queue,
+    clipper: &gradclip::Clipper,
+    clip: &ClipNorm,
+) {
+    let (sizes, placement) = scattered();
+    let data = values(sizes.iter().sum(), 9);
+    let layout = GradLayout::from_sizes(&sizes).unwrap();
+    // Buffers full of a sentinel that must survive everywhere outside the tensors.
+    let sentinel = -7.25f32;
+    let mut hosts: Vec<Vec<f32>> = (0..3).map(|b| vec![sentinel; 400_000 + 1000 * b]).collect();
+    let mut at = 0;
+    for (&n, &(b, offset)) in sizes.iter().zip(&placement) {
+        let o = offset as usize / 4;
+        hosts[b][o..o + n].copy_from_slice(&data[at..at + n]);
+        at += n;
+    }
+    let buffers: Vec<wgpu::Buffer> = hosts.iter().map(|h| upload(device, h)).collect();
+    let ranges: Vec<wgpu::BufferBinding> = sizes
+        .iter()
+        .zip(&placement)
+        .map(|(&n, &(b, offset))| wgpu::BufferBinding {
+            buffer: &buffers[b],
+            offset,
+            size: wgpu::BufferSize::new(4 * n as u64),
+        })
+        .collect();
+    let set = clipper.bind_ranges(&layout, &ranges).unwrap();
+    let mut encoder = device.create_command_encoder(&Default::default());
+    set.clip_norm(&mut encoder, clip).unwrap();
+    queue.submit([encoder.finish()]);
+    let report = pollster::block_on(set.read_report()).unwrap();
+
+    let (flat_report, flat) = run_clip(&data, &sizes, |s, enc| s.clip_norm(enc, clip));
+    let flat_report = flat_report.unwrap();
+    assert!(
+        rel_diff(report.total_norm as f64, flat_report.total_norm as f64) <= 1e-6,
+        "{report:?}"
+    );
+    let mut want_hosts = hosts.clone();
+    let mut at = 0;
+    for (&n, &(b, offset)) in sizes.iter().zip(&placement) {
+        let o = offset as usize / 4;
+        want_hosts[b][o..o + n].copy_from_slice(&flat[at..at + n]);
+        at += n;
+    }
+    for (b, buffer) in buffers.iter().enumerate() {
+        let got = download(device, queue, buffer, hosts[b].len());
+        // Sentinels exactly, tensors as the flat clip within rounding.
+        for (j, (&x, &w)) in got.iter().zip(&want_hosts[b]).enumerate() {
+            if hosts[b][j].to_bits() == sentinel.to_bits() && w.to_bits() == sentinel.to_bits() {
+                assert_eq!(
+                    x.to_bits(),
+                    w.to_bits(),
+                    "buffer {b} element {j}: outside data was touched"
+                );
+            }
+        }
+        assert_close(&got, &want_hosts[b], 1e-6, &format!("buffer {b}"));
+    }
+    hosts.clear();
+}
+
+#[test]
+fn tensors_over_three_buffers_equal_one_flat_buffer() {
+    let g = gpu();
+    for clip in [
+        ClipNorm::new(3.0),
+        ClipNorm::new(3.0).per_tensor(true),
+        ClipNorm::new(1.0).norm(Norm::Inf),
+    ] {
+        clip_scattered(&g.device, &g.queue, &g.clipper, &clip);
+    }
+    assert_no_wgpu_errors();
+}
+
+#[test]
+fn scattered_set_larger_than_the_binding_limit() {
+    // A device that binds at most 64 KiB: every buffer needs several windows.
+    let (probe, _, _) = pollster::block_on(gradclip::default_device()).unwrap();
+    let mut limits = probe.limits();
+    drop(probe);
+    limits.max_storage_buffer_binding_size = 64 << 10;
+    let instance =
+        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let adapter = pollster::block_on(wgpu::util::initialize_adapter_from_env_or_default(
+        &instance, None,
+    ))
+    .unwrap();
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some("64 KiB binding device"),
+        required_limits: limits,
+        ..Default::default()
+    }))
+    .unwrap();
+    watch_errors(&device);
+    let clipper = gradclip::Clipper::new(&device, &queue).unwrap();
+    clip_scattered(&device, &queue, &clipper, &ClipNorm::new(3.0));
+    assert_no_wgpu_errors();
+}
+
+#[test]
+fn bad_ranges_are_errors() {
+    let g = gpu();
+    let buffer = upload(&g.device, &values(1000, 10));
+    let layout = GradLayout::from_sizes(&[100, 100]).unwrap();
+    let range = |offset, n: u64| wgpu::BufferBinding {
+        buffer: &buffer,
+        offset,
+        size: wgpu::BufferSize::new(4 * n),
+    };
+    use gradclip::Error;
+    assert_eq!(
+        g.clipper
+            .bind_ranges(&layout, &[range(0, 100), range(396, 100)])
+            .unwrap_err(),
+        Error::OverlappingTensors {
+            first: 0,
+            second: 1
+        }
+    );
+    assert!(matches!(
+        g.clipper
+            .bind_ranges(&layout, &[range(0, 100), range(402, 100)]),
+        Err(Error::MisalignedTensor { tensor: 1, .. })
+    ));
+    assert!(matches!(
+        g.clipper
+            .bind_ranges(&layout, &[range(0, 100), range(400, 99)]),
+        Err(Error::RangeMismatch { tensor: 1, .. })
+    ));
+    assert!(matches!(
+        g.clipper.bind_ranges(&layout, &[range(0, 100)]),
+        Err(Error::RangeMismatch { .. })
+    ));
+    assert!(g
+        .clipper
+        .bind_ranges(&layout, &[range(3200, 100), range(0, 100)])
+        .is_ok());
+    let set = g.clipper.bind(&buffer, &layout).unwrap();
+    let mut encoder = g.device.create_command_encoder(&Default::default());
+    let not_copy_src = g.device.create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: 16,
+        usage: GRAD_USAGE - wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    assert!(matches!(
+        set.clip_with_partial(&mut encoder, &ClipNorm::new(1.0), &not_copy_src, 0),
+        Err(Error::MissingUsage { .. })
+    ));
+    assert!(matches!(
+        set.clip_with_partial(
+            &mut encoder,
+            &ClipNorm::new(1.0).per_tensor(true),
+            &buffer,
+            0
+        ),
+        Err(Error::Unsupported(_))
+    ));
+    assert!(matches!(
+        set.clip_with_partial(&mut encoder, &ClipNorm::new(1.0), &buffer, 3996),
+        Err(Error::LayoutExceedsBuffer { .. })
+    ));
+    drop(encoder);
+    assert_no_wgpu_errors();
+}
+
+#[test]
+fn ten_steps_before_reading_give_ten_ordered_reports() {
+    let g = gpu();
+    let data = values(50_000, 11);
+    let buffer = upload(&g.device, &data);
+    let set = g
+        .clipper
+        .bind(&buffer, &GradLayout::from_sizes(&[20_000, 30_000]).unwrap())
+        .unwrap();
+    let mut host = data.clone();
+    let mut want = Vec::new();
+    for step in 0..10 {
+        // A different threshold each step, so that every norm differs.
+        let norm = reference::norm(&host, Order::L2);
+        let max_norm = norm * (0.5 + 0.04 * step as f64);
+        want.push(norm);
+        let mut encoder = g.device.create_command_encoder(&Default::default());
+        set.clip_norm(&mut encoder, &ClipNorm::new(max_norm as f32))
+            .unwrap();
+        g.queue.submit([encoder.finish()]);
+        host = reference::torch_clipped(&host, norm, max_norm as f32 as f64);
+    }
+    let reports = pollster::block_on(set.take_reports()).unwrap();
+    assert_eq!(
+        reports.iter().map(|r| r.step).collect::<Vec<_>>(),
+        (1..=10).collect::<Vec<u64>>()
+    );
+    for (report, want) in reports.iter().zip(&want) {
+        assert!(
+            rel_diff(report.total_norm as f64, *want) <= 1e-5,
+            "step {}: {} vs {want}",
+            report.step,
+            report.total_norm
+        );
+    }
+    assert!(
+        pollster::block_on(set.take_reports()).unwrap().is_empty(),
+        "taken once"
+    );
+    assert_eq!(pollster::block_on(set.read_report()).unwrap().step, 10);
+    assert_no_wgpu_errors();
+}
