@@ -1,0 +1,162 @@
+//! The fused optimizer path: `record_norm` + an SGD step that multiplies by
+//! the coefficient on load equals `clip_norm` + a plain step, bit for bit,
+//! including non-finite norms; with `error_if_nonfinite` the step is skipped.
+
+mod common;
+
+#[path = "../examples/fused_sgd/sgd.rs"]
+mod sgd;
+
+use common::reference::assert_identical;
+use common::{assert_no_wgpu_errors, download, gpu, upload};
+use gradclip::{ClipNorm, GradLayout, Norm};
+use sgd::{FusedSgd, SgdBuffers, APPLY_COEFFICIENT, SKIP_NONFINITE};
+
+struct Model {
+    params: wgpu::Buffer,
+    grads: wgpu::Buffer,
+    set: gradclip::GradSet,
+    sgd: FusedSgd,
+}
+
+fn model(params: &[f32], grads: &[f32], sizes: &[usize], flags: u32) -> Model {
+    let g = gpu();
+    let params = upload(&g.device, params);
+    let grads = upload(&g.device, grads);
+    let velocity = upload(&g.device, &vec![0.0; sizes.iter().sum()]);
+    let set = g
+        .clipper
+        .bind(&grads, &GradLayout::from_sizes(sizes).unwrap())
+        .unwrap();
+    let buffers = SgdBuffers {
+        params: &params,
+        grads: &grads,
+        velocity: &velocity,
+        clip: set.coefficient_binding(),
+    };
+    let sgd = FusedSgd::new(
+        &g.device,
+        buffers,
+        sizes.iter().sum::<usize>() as u32,
+        0.05,
+        0.9,
+        flags,
+    );
+    Model {
+        params,
+        grads,
+        set,
+        sgd,
+    }
+}
+
+fn gradients(n: usize, step: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| (((i * 31 + step * 17) % 97) as f32 - 48.0) * 0.02 * (step + 1) as f32)
+        .collect()
+}
+
+#[test]
+fn fused_step_equals_clip_then_step() {
+    let g = gpu();
+    let sizes = [40_000, 3, 0, 12_345];
+    let n: usize = sizes.iter().sum();
+    let params: Vec<f32> = (0..n).map(|i| (i % 13) as f32 * 0.1).collect();
+    for clip in [
+        ClipNorm::new(1.0),
+        ClipNorm::tensorflow(2.0).norm(Norm::Inf),
+        ClipNorm::new(1e9),
+    ] {
+        let fused = model(&params, &gradients(n, 0), &sizes, APPLY_COEFFICIENT);
+        let plain = model(&params, &gradients(n, 0), &sizes, 0);
+        for step in 0..3 {
+            let grads = gradients(n, step);
+            g.queue
+                .write_buffer(&fused.grads, 0, bytemuck::cast_slice(&grads));
+            g.queue
+                .write_buffer(&plain.grads, 0, bytemuck::cast_slice(&grads));
+            let mut encoder = g.device.create_command_encoder(&Default::default());
+            fused.set.record_norm(&mut encoder, &clip).unwrap();
+            fused.sgd.encode(&mut encoder);
+            plain.set.clip_norm(&mut encoder, &clip).unwrap();
+            plain.sgd.encode(&mut encoder);
+            g.queue.submit([encoder.finish()]);
+        }
+        let a = download(&g.device, &g.queue, &fused.params, n);
+        let b = download(&g.device, &g.queue, &plain.params, n);
+        assert_identical(
+            &a,
+            &b,
+            &format!("{clip:?}: fused vs clip-then-step after 3 steps"),
+        );
+        let report = pollster::block_on(fused.set.read_report()).unwrap();
+        assert_eq!(report.step, 3);
+    }
+    assert_no_wgpu_errors();
+}
+
+#[test]
+fn fused_step_propagates_nonfinite_norms_like_pytorch() {
+    let g = gpu();
+    let n = 1000;
+    let params = vec![1.0f32; n];
+    let mut grads = gradients(n, 0);
+    grads[7] = f32::INFINITY;
+    let fused = model(&params, &grads, &[n], APPLY_COEFFICIENT);
+    let plain = model(&params, &grads, &[n], 0);
+    let mut encoder = g.device.create_command_encoder(&Default::default());
+    fused
+        .set
+        .record_norm(&mut encoder, &ClipNorm::new(1.0))
+        .unwrap();
+    fused.sgd.encode(&mut encoder);
+    plain
+        .set
+        .clip_norm(&mut encoder, &ClipNorm::new(1.0))
+        .unwrap();
+    plain.sgd.encode(&mut encoder);
+    g.queue.submit([encoder.finish()]);
+    let a = download(&g.device, &g.queue, &fused.params, n);
+    assert_identical(
+        &a,
+        &download(&g.device, &g.queue, &plain.params, n),
+        "inf norm",
+    );
+    assert!(
+        a[7].is_nan() && a[0] == 1.0,
+        "coefficient 0: finite gradients vanish, the inf one is NaN"
+    );
+    assert_no_wgpu_errors();
+}
+
+#[test]
+fn error_if_nonfinite_skips_the_fused_step() {
+    let g = gpu();
+    let n = 1000;
+    let params: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let mut grads = gradients(n, 1);
+    grads[500] = f32::NAN;
+    let fused = model(&params, &grads, &[n], APPLY_COEFFICIENT | SKIP_NONFINITE);
+    let mut encoder = g.device.create_command_encoder(&Default::default());
+    fused
+        .set
+        .record_norm(&mut encoder, &ClipNorm::new(1.0).error_if_nonfinite(true))
+        .unwrap();
+    fused.sgd.encode(&mut encoder);
+    g.queue.submit([encoder.finish()]);
+    assert!(matches!(
+        pollster::block_on(fused.set.read_report()),
+        Err(gradclip::Error::NonFinite { .. })
+    ));
+    assert_identical(
+        &download(&g.device, &g.queue, &fused.params, n),
+        &params,
+        "skipped step",
+    );
+    assert_identical(
+        &download(&g.device, &g.queue, &fused.grads, n),
+        &grads,
+        "gradients untouched",
+    );
+    assert_no_wgpu_errors();
+}
