@@ -282,7 +282,7 @@ impl Clipper {
         let mut placements = Vec::with_capacity(ranges.len());
         for (tensor, (range, elements)) in ranges.iter().zip(layout.sizes()).enumerate() {
             require_storage(range.buffer)?;
-            if range.offset % 4 != 0 {
+            if !range.offset.is_multiple_of(4) {
                 return Err(Error::MisalignedTensor {
                     tensor,
                     offset: range.offset,

@@ -521,7 +521,7 @@ impl GradSet {
             });
         }
         let bytes = size_of::<Partial>() as u64;
-        if offset % 4 != 0
+        if !offset.is_multiple_of(4)
             || offset
                 .checked_add(bytes)
                 .is_none_or(|end| end > source.size())
