@@ -149,19 +149,19 @@ fn per_tensor_no_clip_step_scales_nothing() {
     assert_no_wgpu_errors();
 }
 
+/// One shard: where it lives, its gradients and its tensor sizes.
+type Shard<'a> = (
+    &'a wgpu::Device,
+    &'a wgpu::Queue,
+    &'a gradclip::Clipper,
+    Vec<f32>,
+    Vec<usize>,
+);
+
 /// Records the norm of each shard, combines the partials on the CPU, and
 /// clips every shard with the combined one. Returns the shards' gradients
 /// afterwards and the report of the first shard.
-fn clip_sharded(
-    shards: &[(
-        &wgpu::Device,
-        &wgpu::Queue,
-        &gradclip::Clipper,
-        Vec<f32>,
-        Vec<usize>,
-    )],
-    clip: &ClipNorm,
-) -> (Vec<Vec<f32>>, gradclip::ClipReport) {
+fn clip_sharded(shards: &[Shard<'_>], clip: &ClipNorm) -> (Vec<Vec<f32>>, gradclip::ClipReport) {
     let mut sets = Vec::new();
     let mut partials = Vec::new();
     for (device, queue, clipper, data, sizes) in shards {
