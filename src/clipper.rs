@@ -230,6 +230,22 @@ impl Clipper {
     /// once, for every later clip on it.
     ///
     /// The buffer needs `STORAGE` usage and at least `4 * layout.total_elements()` bytes.
+    ///
+    /// ```
+    /// # pollster::block_on(async {
+    /// # let (device, queue, _) = gradclip::default_device().await?;
+    /// let clipper = gradclip::Clipper::new(&device, &queue)?;
+    /// let layout = gradclip::GradLayout::from_sizes(&[784 * 128, 128])?;
+    /// let grads = device.create_buffer(&wgpu::BufferDescriptor {
+    ///     label: Some("grads"),
+    ///     size: 4 * layout.total_elements(),
+    ///     usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+    ///     mapped_at_creation: false,
+    /// });
+    /// let set = clipper.bind(&grads, &layout)?;
+    /// assert_eq!(set.window_count(), 1);
+    /// # Ok::<(), gradclip::Error>(()) }).unwrap();
+    /// ```
     pub fn bind(&self, grads: &wgpu::Buffer, layout: &GradLayout) -> Result<GradSet> {
         require_storage(grads)?;
         let needed = layout
@@ -266,6 +282,22 @@ impl Clipper {
     /// lay them out. One clip covers them all, with one dispatch per binding
     /// window (a stretch of one buffer within the device's storage binding
     /// limit) whatever the number of tensors. Overlapping ranges are an error.
+    ///
+    /// ```
+    /// # pollster::block_on(async {
+    /// # let (device, queue, _) = gradclip::default_device().await?;
+    /// # let clipper = gradclip::Clipper::new(&device, &queue)?;
+    /// let pool = |size| device.create_buffer(&wgpu::BufferDescriptor {
+    ///     label: Some("pooled"), size, usage: wgpu::BufferUsages::STORAGE, mapped_at_creation: false });
+    /// let (pool_a, pool_b) = (pool(1 << 20), pool(1 << 16));
+    /// let layout = gradclip::GradLayout::from_named(&[("w", 1000), ("b", 10)])?;
+    /// let set = clipper.bind_ranges(&layout, &[
+    ///     wgpu::BufferBinding { buffer: &pool_a, offset: 4096, size: wgpu::BufferSize::new(4000) },
+    ///     wgpu::BufferBinding { buffer: &pool_b, offset: 12, size: wgpu::BufferSize::new(40) },
+    /// ])?;
+    /// assert_eq!(set.window_count(), 2);
+    /// # Ok::<(), gradclip::Error>(()) }).unwrap();
+    /// ```
     pub fn bind_ranges(
         &self,
         layout: &GradLayout,

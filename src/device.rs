@@ -8,6 +8,13 @@ use crate::error::{Error, Result};
 ///
 /// Fails with [`Error::Wgpu`] when no adapter is found: a machine without a
 /// GPU still has one through Mesa (llvmpipe on GL, lavapipe on Vulkan).
+///
+/// ```
+/// let (device, _queue, info) = pollster::block_on(gradclip::default_device())?;
+/// println!("clipping on {} ({:?})", info.name, info.backend);
+/// assert!(device.limits().max_compute_invocations_per_workgroup >= 256);
+/// # Ok::<(), gradclip::Error>(())
+/// ```
 pub async fn default_device() -> Result<(wgpu::Device, wgpu::Queue, wgpu::AdapterInfo)> {
     let instance =
         wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());

@@ -502,6 +502,38 @@ impl GradSet {
     /// not reduced again. The report's norm is the combined one.
     ///
     /// Per-tensor clipping has no global total to supply: it is rejected.
+    ///
+    /// ```
+    /// # pollster::block_on(async {
+    /// # use wgpu::util::DeviceExt;
+    /// # let (device, queue, _) = gradclip::default_device().await?;
+    /// # let clipper = gradclip::Clipper::new(&device, &queue)?;
+    /// let shard = |data: &[f32]| device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+    ///     label: Some("shard"), contents: bytemuck::cast_slice(data), usage: wgpu::BufferUsages::STORAGE });
+    /// let (a, b) = (shard(&[3.0, 0.0]), shard(&[4.0]));
+    /// let sets = [clipper.bind(&a, &gradclip::GradLayout::from_sizes(&[2])?)?,
+    ///             clipper.bind(&b, &gradclip::GradLayout::from_sizes(&[1])?)?];
+    /// let clip = gradclip::ClipNorm::new(1.0);
+    /// // Each rank: its partial.
+    /// let mut partials = Vec::new();
+    /// for set in &sets {
+    ///     let mut encoder = device.create_command_encoder(&Default::default());
+    ///     set.record_norm(&mut encoder, &clip)?;
+    ///     queue.submit([encoder.finish()]);
+    ///     partials.push(set.read_report().await?.partial);
+    /// }
+    /// // The all-reduce, then every rank clips with the combined norm.
+    /// let combined = gradclip::NormPartial::combine(&partials, gradclip::Norm::L2)?;
+    /// let source = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+    ///     label: Some("combined"), contents: &combined.to_bytes(), usage: wgpu::BufferUsages::COPY_SRC });
+    /// for set in &sets {
+    ///     let mut encoder = device.create_command_encoder(&Default::default());
+    ///     set.clip_with_partial(&mut encoder, &clip, &source, 0)?;
+    ///     queue.submit([encoder.finish()]);
+    ///     assert_eq!(set.read_report().await?.total_norm, 5.0);
+    /// }
+    /// # Ok::<(), gradclip::Error>(()) }).unwrap();
+    /// ```
     pub fn clip_with_partial(
         &self,
         encoder: &mut wgpu::CommandEncoder,
@@ -547,6 +579,22 @@ impl GradSet {
     /// Records value clipping: every element clamped to `[min, max]` in
     /// place (PyTorch's `clip_grad_value_(v)` is `min = -v, max = v`). NaN
     /// stays NaN; ±inf become the bounds. Leaves the reports alone.
+    ///
+    /// ```
+    /// # pollster::block_on(async {
+    /// # use wgpu::util::DeviceExt;
+    /// # let (device, queue, _) = gradclip::default_device().await?;
+    /// # let clipper = gradclip::Clipper::new(&device, &queue)?;
+    /// # let grads = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+    /// #     label: None, contents: bytemuck::cast_slice(&[0.5f32, -3.0, f32::NAN]),
+    /// #     usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC });
+    /// let set = clipper.bind(&grads, &gradclip::GradLayout::from_sizes(&[3])?)?;
+    /// let mut encoder = device.create_command_encoder(&Default::default());
+    /// set.clip_value(&mut encoder, -1.0, 1.0)?; // clip_grad_value_(params, 1.0)
+    /// queue.submit([encoder.finish()]);
+    /// // grads now hold [0.5, -1.0, NaN]
+    /// # Ok::<(), gradclip::Error>(()) }).unwrap();
+    /// ```
     pub fn clip_value(&self, encoder: &mut wgpu::CommandEncoder, min: f32, max: f32) -> Result<()> {
         let offset = self.config_offset(clamp_record(min, max)?);
         if !self.has_elements {
@@ -567,6 +615,23 @@ impl GradSet {
     /// and submitted while it is pending, and it never has to be called.
     /// Returns [`Error::NonFinite`] for a clip made with `error_if_nonfinite`
     /// whose norm was NaN or infinite.
+    ///
+    /// ```
+    /// # pollster::block_on(async {
+    /// # use wgpu::util::DeviceExt;
+    /// # let (device, queue, _) = gradclip::default_device().await?;
+    /// # let clipper = gradclip::Clipper::new(&device, &queue)?;
+    /// # let grads = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+    /// #     label: None, contents: bytemuck::cast_slice(&[f32::INFINITY, 1.0]),
+    /// #     usage: wgpu::BufferUsages::STORAGE });
+    /// let set = clipper.bind(&grads, &gradclip::GradLayout::from_sizes(&[2])?)?;
+    /// let mut encoder = device.create_command_encoder(&Default::default());
+    /// set.clip_norm(&mut encoder, &gradclip::ClipNorm::new(1.0).error_if_nonfinite(true))?;
+    /// queue.submit([encoder.finish()]);
+    /// let error = set.read_report().await.unwrap_err();
+    /// assert_eq!(error, gradclip::Error::NonFinite { total_norm: f32::INFINITY });
+    /// # Ok::<(), gradclip::Error>(()) }).unwrap();
+    /// ```
     pub async fn read_report(&self) -> Result<ClipReport> {
         self.reports.latest(&self.inner.device).await
     }
@@ -576,6 +641,25 @@ impl GradSet {
     /// unread (older ones are then overwritten). A training loop can log the
     /// norm of every step without ever stalling on one. `error_if_nonfinite`
     /// shows here as `nonfinite` on the report rather than as an error.
+    ///
+    /// ```
+    /// # pollster::block_on(async {
+    /// # use wgpu::util::DeviceExt;
+    /// # let (device, queue, _) = gradclip::default_device().await?;
+    /// # let clipper = gradclip::Clipper::new(&device, &queue)?;
+    /// # let grads = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+    /// #     label: None, contents: bytemuck::cast_slice(&[3.0f32, 4.0]),
+    /// #     usage: wgpu::BufferUsages::STORAGE });
+    /// let set = clipper.bind(&grads, &gradclip::GradLayout::from_sizes(&[2])?)?;
+    /// for max_norm in [4.0, 2.0, 1.0] {
+    ///     let mut encoder = device.create_command_encoder(&Default::default());
+    ///     set.clip_norm(&mut encoder, &gradclip::ClipNorm::tensorflow(max_norm))?;
+    ///     queue.submit([encoder.finish()]); // no wait between steps
+    /// }
+    /// let norms: Vec<f32> = set.take_reports().await?.iter().map(|r| r.total_norm).collect();
+    /// assert_eq!(norms, [5.0, 4.0, 2.0]);
+    /// # Ok::<(), gradclip::Error>(()) }).unwrap();
+    /// ```
     pub async fn take_reports(&self) -> Result<Vec<ClipReport>> {
         self.reports.take_all(&self.inner.device).await
     }
