@@ -73,7 +73,7 @@ fn coefficient(nv: NormValue, flags: u32) -> Coefficient {
         if cfg.semantics == SEMANTICS_TORCH && !nan {
             return Coefficient(norm, 0.0, SCALE_ZERO_FINITE);
         }
-        return Coefficient(norm, bitcast<f32>(QUIET_NAN), SCALE_ALL_NAN);
+        return Coefficient(norm, f32_from_bits(QUIET_NAN), SCALE_ALL_NAN);
     }
     var c: f32;
     if !is_finite_f32(nv.norm) {
