@@ -4,7 +4,12 @@
 //! `cargo run --release --example quickstart` (set `WGPU_BACKEND=vulkan|gl`
 //! or `WGPU_ADAPTER_NAME` to choose the adapter).
 
+#[path = "support/readback.rs"]
+mod readback;
+
 use std::time::Instant;
+
+use readback::download;
 
 use wgpu::util::DeviceExt;
 
@@ -127,34 +132,4 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("check:       ok (within 1e-5 of the float64 reference)");
     Ok(())
-}
-
-/// Copies the gradients back to the host (for the check only: training never needs this).
-fn download(
-    device: &wgpu::Device,
-    queue: &wgpu::Queue,
-    buffer: &wgpu::Buffer,
-    len: usize,
-) -> Result<Vec<f32>, Box<dyn std::error::Error>> {
-    let size = (len * 4) as u64;
-    let staging = device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("quickstart readback"),
-        size,
-        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
-        label: Some("quickstart readback"),
-    });
-    encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, size);
-    queue.submit([encoder.finish()]);
-    let (sender, receiver) = std::sync::mpsc::channel();
-    staging.map_async(wgpu::MapMode::Read, .., move |r| {
-        sender.send(r).unwrap_or(())
-    });
-    device.poll(wgpu::PollType::wait_indefinitely())?;
-    receiver.recv()??;
-    let data = bytemuck::cast_slice(&staging.get_mapped_range(..)?).to_vec();
-    staging.unmap();
-    Ok(data)
 }

@@ -424,24 +424,7 @@ fn tensors_over_three_buffers_equal_one_flat_buffer() {
 #[test]
 fn scattered_set_larger_than_the_binding_limit() {
     // A device that binds at most 64 KiB: every buffer needs several windows.
-    let (probe, _, _) = pollster::block_on(gradclip::default_device()).unwrap();
-    let mut limits = probe.limits();
-    drop(probe);
-    limits.max_storage_buffer_binding_size = 64 << 10;
-    let instance =
-        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-    let adapter = pollster::block_on(wgpu::util::initialize_adapter_from_env_or_default(
-        &instance, None,
-    ))
-    .unwrap();
-    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-        label: Some("64 KiB binding device"),
-        required_limits: limits,
-        ..Default::default()
-    }))
-    .unwrap();
-    watch_errors(&device);
-    let clipper = gradclip::Clipper::new(&device, &queue).unwrap();
+    let (device, queue, clipper) = common::device_with_binding_limit(64 << 10);
     clip_scattered(&device, &queue, &clipper, &ClipNorm::new(3.0));
     assert_no_wgpu_errors();
 }

@@ -5,7 +5,7 @@
 mod common;
 
 use common::reference::{self, assert_close, Order};
-use common::{assert_no_wgpu_errors, download, rel_diff, run_clip, upload, watch_errors};
+use common::{assert_no_wgpu_errors, download, rel_diff, run_clip, upload};
 use gradclip::{ClipNorm, GradLayout};
 
 /// xorshift64*: reproducible values without a dependency.
@@ -153,25 +153,7 @@ fn forty_million_elements_in_two_windows_within_1e5() {
 fn small_binding_limit_splits_into_many_windows() {
     // A device that binds at most 1 MiB of storage: the 3 M-element set is
     // cut into a dozen windows, with tensors straddling their boundaries.
-    let (adapter_device, _, _) = pollster::block_on(gradclip::default_device()).unwrap();
-    let mut limits = adapter_device.limits();
-    drop(adapter_device);
-    limits.max_storage_buffer_binding_size = 1 << 20;
-    let instance =
-        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-    let adapter = pollster::block_on(wgpu::util::initialize_adapter_from_env_or_default(
-        &instance, None,
-    ))
-    .unwrap();
-    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-        label: Some("small-binding device"),
-        required_limits: limits,
-        ..Default::default()
-    }))
-    .unwrap();
-    watch_errors(&device);
-    assert_eq!(device.limits().max_storage_buffer_binding_size, 1 << 20);
-    let clipper = gradclip::Clipper::new(&device, &queue).unwrap();
+    let (device, queue, clipper) = common::device_with_binding_limit(1 << 20);
 
     let mut rng = Rng(5);
     let sizes = [262_143, 262_145, 1, 1_000_000, 0, 1_475_711];

@@ -6,7 +6,11 @@
 //! `cargo run --release --example fused_sgd` checks the fused step against
 //! clip-then-step on the default adapter.
 
+#[path = "../support/readback.rs"]
+mod readback;
 mod sgd;
+
+use readback::download;
 
 use sgd::{FusedSgd, SgdBuffers, APPLY_COEFFICIENT};
 use wgpu::util::DeviceExt;
@@ -109,32 +113,4 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         return Err("fused step differs from clip-then-step".into());
     }
     Ok(())
-}
-
-fn download(
-    device: &wgpu::Device,
-    queue: &wgpu::Queue,
-    buffer: &wgpu::Buffer,
-    len: usize,
-) -> Result<Vec<f32>, Box<dyn std::error::Error>> {
-    let staging = device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("fused_sgd readback"),
-        size: (len * 4) as u64,
-        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
-        label: Some("fused_sgd readback"),
-    });
-    encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, (len * 4) as u64);
-    queue.submit([encoder.finish()]);
-    let (sender, receiver) = std::sync::mpsc::channel();
-    staging.map_async(wgpu::MapMode::Read, .., move |r| {
-        sender.send(r).unwrap_or(())
-    });
-    device.poll(wgpu::PollType::wait_indefinitely())?;
-    receiver.recv()??;
-    let data = bytemuck::cast_slice(&staging.get_mapped_range(..)?).to_vec();
-    staging.unmap();
-    Ok(data)
 }

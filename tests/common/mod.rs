@@ -65,6 +65,32 @@ pub fn assert_no_wgpu_errors() {
     );
 }
 
+/// A second device on the same adapter whose storage bindings are capped at
+/// `max_binding` bytes, with its own clipper: gradients then need many
+/// binding windows.
+pub fn device_with_binding_limit(
+    max_binding: u64,
+) -> (wgpu::Device, wgpu::Queue, gradclip::Clipper) {
+    let instance =
+        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let adapter = pollster::block_on(wgpu::util::initialize_adapter_from_env_or_default(
+        &instance, None,
+    ))
+    .expect("adapter");
+    let mut limits = adapter.limits();
+    limits.max_storage_buffer_binding_size = max_binding;
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some("small-binding device"),
+        required_limits: limits,
+        ..Default::default()
+    }))
+    .expect("device with a small binding limit");
+    watch_errors(&device);
+    assert_eq!(device.limits().max_storage_buffer_binding_size, max_binding);
+    let clipper = gradclip::Clipper::new(&device, &queue).expect("Clipper::new");
+    (device, queue, clipper)
+}
+
 pub const GRAD_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::COPY_SRC)
     .union(wgpu::BufferUsages::COPY_DST);
