@@ -139,6 +139,14 @@ fn scale_pow2(x: f32, k: i32) -> f32 {
     return mul_pow2(x, k);
 }
 
+// A quiet NaN as a runtime value. A constant expression that evaluates to NaN
+// or an infinity is a shader-creation error in WGSL: Tint (Chromium, Dawn)
+// rejects `bitcast<f32>(QUIET_NAN)` where naga accepts it. A function
+// parameter is never a constant expression, so the bits pass through one.
+fn f32_from_bits(bits: u32) -> f32 {
+    return bitcast<f32>(bits);
+}
+
 fn is_finite_f32(x: f32) -> bool {
     return (bitcast<u32>(x) & EXP_MASK) != EXP_MASK;
 }

@@ -41,7 +41,7 @@ fn finish(y: f32, k: i32, flags: u32) {
             // PyTorch: coefficient max_norm / (inf + eps) = 0; NaN spreads.
             // TensorFlow: any non-finite norm makes every gradient NaN.
             let zero = cfg.semantics == SEMANTICS_TORCH && !nan;
-            st.coefficient = select(bitcast<f32>(QUIET_NAN), 0.0, zero);
+            st.coefficient = select(f32_from_bits(QUIET_NAN), 0.0, zero);
             st.scale_kind = select(SCALE_ALL_NAN, SCALE_ZERO_FINITE, zero);
             st.dispatch[0] = win.workgroups;
         }

@@ -13,7 +13,7 @@ fn scaled(g: f32, kind: u32, coef: f32) -> f32 {
     if kind == SCALE_ZERO_FINITE && (bits & EXP_MASK) != EXP_MASK {
         return bitcast<f32>(bits & SIGN_MASK);
     }
-    return bitcast<f32>(QUIET_NAN);
+    return f32_from_bits(QUIET_NAN);
 }
 
 fn finite_bound(b: f32) -> f32 {
