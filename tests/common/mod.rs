@@ -2,6 +2,7 @@
 //! buffers, the float64 reference and the golden data.
 #![allow(dead_code)]
 
+pub mod checks;
 pub mod golden;
 pub mod reference;
 
@@ -109,12 +110,4 @@ pub fn run_clip(
     g.queue.submit([encoder.finish()]);
     let report = pollster::block_on(set.read_report());
     (report, download(&g.device, &g.queue, &buffer, data.len()))
-}
-
-/// Relative difference, with NaN equal to NaN and equal infinities equal.
-pub fn rel_diff(got: f64, want: f64) -> f64 {
-    if got.is_nan() && want.is_nan() || got == want {
-        return 0.0;
-    }
-    (got - want).abs() / want.abs().max(f64::MIN_POSITIVE)
 }
