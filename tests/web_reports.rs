@@ -29,7 +29,11 @@ async fn default_device_and_async_reports() {
     // 3 tensors, 50_000 elements: several chunks, g_i = (i mod 9) - 4.
     let sizes = [30_000, 7, 19_993];
     let grads: Vec<f32> = (0..50_000).map(|i| (i % 9) as f32 - 4.0).collect();
-    let norm0 = grads.iter().map(|&g| (g as f64).powi(2)).sum::<f64>().sqrt();
+    let norm0 = grads
+        .iter()
+        .map(|&g| (g as f64).powi(2))
+        .sum::<f64>()
+        .sqrt();
     let buffer = web::upload(&device, &grads);
     let set = clipper
         .bind(&buffer, &GradLayout::from_sizes(&sizes).unwrap())
@@ -43,7 +47,8 @@ async fn default_device_and_async_reports() {
         let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some(&format!("step {}", k + 1)),
         });
-        set.clip_norm(&mut encoder, &ClipNorm::new(max_norm)).unwrap();
+        set.clip_norm(&mut encoder, &ClipNorm::new(max_norm))
+            .unwrap();
         queue.submit([encoder.finish()]);
     }
     let report = set.read_report().await.expect("report");

@@ -34,7 +34,11 @@ impl Op {
         }
     }
 
-    pub fn record(&self, set: &GradSet, encoder: &mut wgpu::CommandEncoder) -> gradclip::Result<()> {
+    pub fn record(
+        &self,
+        set: &GradSet,
+        encoder: &mut wgpu::CommandEncoder,
+    ) -> gradclip::Result<()> {
         match self {
             Op::Norm(clip) => set.clip_norm(encoder, clip),
             Op::Value(v) => set.clip_value(encoder, -v, *v),
