@@ -78,6 +78,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         args.steps,
         clip_secs
     );
+    if let Some(dir) = args.plot.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
     plot::write(&args.plot, args.clip, &clipped, &unclipped)?;
     println!("plot: {}", args.plot.display());
     Ok(())
