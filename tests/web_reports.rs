@@ -13,6 +13,7 @@ wasm_bindgen_test_configure!(run_in_browser);
 
 #[allow(dead_code)]
 mod common {
+    pub mod buffers;
     pub mod web;
 }
 

@@ -2,13 +2,14 @@
 //! buffers, the float64 reference and the golden data.
 #![allow(dead_code)]
 
+pub mod buffers;
 pub mod checks;
 pub mod golden;
 pub mod reference;
 
 use std::sync::OnceLock;
 
-use wgpu::util::DeviceExt;
+pub use buffers::upload;
 
 pub struct Gpu {
     pub device: wgpu::Device,
@@ -48,24 +49,6 @@ pub fn gpu() -> &'static Gpu {
     })
 }
 
-pub const GRAD_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
-    .union(wgpu::BufferUsages::COPY_SRC)
-    .union(wgpu::BufferUsages::COPY_DST);
-
-pub fn upload(device: &wgpu::Device, data: &[f32]) -> wgpu::Buffer {
-    // wgpu rejects empty buffers in bindings; keep at least one element.
-    let bytes: &[u8] = if data.is_empty() {
-        &[0; 4]
-    } else {
-        bytemuck::cast_slice(data)
-    };
-    device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-        label: Some("test gradients"),
-        contents: bytes,
-        usage: GRAD_USAGE,
-    })
-}
-
 pub fn download(
     device: &wgpu::Device,
     queue: &wgpu::Queue,
@@ -75,23 +58,12 @@ pub fn download(
     if len == 0 {
         return Vec::new();
     }
-    let size = (len * 4) as u64;
-    let staging = device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("test readback"),
-        size,
-        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    let mut encoder = device.create_command_encoder(&Default::default());
-    encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, size);
-    queue.submit([encoder.finish()]);
+    let staging = buffers::copy_for_readback(device, queue, buffer, len);
     staging.map_async(wgpu::MapMode::Read, .., |r| r.expect("map readback"));
     device
         .poll(wgpu::PollType::wait_indefinitely())
         .expect("poll");
-    let out = bytemuck::cast_slice(&staging.get_mapped_range(..).expect("mapped range")).to_vec();
-    staging.unmap();
-    out
+    buffers::read_mapped(&staging)
 }
 
 /// Runs `record` on a fresh encoder, submits it, and returns the report (or

@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use futures_intrusive::sync::ManualResetEvent;
-use wgpu::util::DeviceExt;
 
 pub struct Gpu {
     pub device: wgpu::Device,
@@ -47,23 +46,7 @@ pub async fn gpu() -> Gpu {
     }
 }
 
-pub const GRAD_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
-    .union(wgpu::BufferUsages::COPY_SRC)
-    .union(wgpu::BufferUsages::COPY_DST);
-
-pub fn upload(device: &wgpu::Device, data: &[f32]) -> wgpu::Buffer {
-    // Bindings cannot be empty; keep at least one element.
-    let bytes: &[u8] = if data.is_empty() {
-        &[0; 4]
-    } else {
-        bytemuck::cast_slice(data)
-    };
-    device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-        label: Some("browser test gradients"),
-        contents: bytes,
-        usage: GRAD_USAGE,
-    })
-}
+pub use super::buffers::upload;
 
 /// Copies `len` floats of `buffer` back with `map_async`, awaiting the
 /// callback (the browser runs it from its event loop).
@@ -76,18 +59,7 @@ pub async fn download(
     if len == 0 {
         return Vec::new();
     }
-    let size = (len * 4) as u64;
-    let staging = device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("browser test readback"),
-        size,
-        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
-        label: Some("browser test readback"),
-    });
-    encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, size);
-    queue.submit([encoder.finish()]);
+    let staging = super::buffers::copy_for_readback(device, queue, buffer, len);
     let done = Arc::new(ManualResetEvent::new(false));
     let signal = done.clone();
     staging.map_async(wgpu::MapMode::Read, .., move |r| {
@@ -95,7 +67,5 @@ pub async fn download(
         signal.set();
     });
     done.wait().await;
-    let out = bytemuck::cast_slice(&staging.get_mapped_range(..).expect("mapped range")).to_vec();
-    staging.unmap();
-    out
+    super::buffers::read_mapped(&staging)
 }
