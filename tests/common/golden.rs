@@ -53,14 +53,29 @@ fn decode_floats(b64: &str) -> Vec<f32> {
         .collect()
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 pub fn path() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/golden/torch_clip_cases.json")
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 pub fn cases() -> Vec<Case> {
     let text =
         std::fs::read_to_string(path()).unwrap_or_else(|e| panic!("{}: {e}", path().display()));
-    let json: Value = serde_json::from_str(&text).expect("golden JSON");
+    parse(&text)
+}
+
+/// The golden file, compiled into the test binary: a browser has no file system.
+#[cfg(target_arch = "wasm32")]
+pub fn cases() -> Vec<Case> {
+    parse(include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../shared/golden/torch_clip_cases.json"
+    )))
+}
+
+pub fn parse(text: &str) -> Vec<Case> {
+    let json: Value = serde_json::from_str(text).expect("golden JSON");
     json["cases"]
         .as_array()
         .expect("cases")

@@ -1,13 +1,17 @@
 //! Shared test support: the GPU device, upload and readback of gradient
 //! buffers, the float64 reference and the golden data.
-#![allow(dead_code)]
+// Each test binary uses a different part of this module.
+#![allow(dead_code, unused_imports)]
 
+pub mod buffers;
+pub mod checks;
 pub mod golden;
 pub mod reference;
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-use wgpu::util::DeviceExt;
+pub use buffers::{upload, GRAD_USAGE};
+pub use reference::rel_diff;
 
 pub struct Gpu {
     pub device: wgpu::Device,
@@ -37,6 +41,7 @@ pub fn gpu() -> &'static Gpu {
             "adapter: {} ({:?}, {:?})",
             info.name, info.backend, info.device_type
         );
+        watch_errors(&device);
         let clipper = gradclip::Clipper::new(&device, &queue).expect("Clipper::new");
         Gpu {
             device,
@@ -91,24 +96,6 @@ pub fn device_with_binding_limit(
     (device, queue, clipper)
 }
 
-pub const GRAD_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
-    .union(wgpu::BufferUsages::COPY_SRC)
-    .union(wgpu::BufferUsages::COPY_DST);
-
-pub fn upload(device: &wgpu::Device, data: &[f32]) -> wgpu::Buffer {
-    // wgpu rejects empty buffers in bindings; keep at least one element.
-    let bytes: &[u8] = if data.is_empty() {
-        &[0; 4]
-    } else {
-        bytemuck::cast_slice(data)
-    };
-    device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-        label: Some("test gradients"),
-        contents: bytes,
-        usage: GRAD_USAGE,
-    })
-}
-
 pub fn download(
     device: &wgpu::Device,
     queue: &wgpu::Queue,
@@ -118,23 +105,12 @@ pub fn download(
     if len == 0 {
         return Vec::new();
     }
-    let size = (len * 4) as u64;
-    let staging = device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("test readback"),
-        size,
-        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    let mut encoder = device.create_command_encoder(&Default::default());
-    encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, size);
-    queue.submit([encoder.finish()]);
+    let staging = buffers::copy_for_readback(device, queue, buffer, len);
     staging.map_async(wgpu::MapMode::Read, .., |r| r.expect("map readback"));
     device
         .poll(wgpu::PollType::wait_indefinitely())
         .expect("poll");
-    let out = bytemuck::cast_slice(&staging.get_mapped_range(..).expect("mapped range")).to_vec();
-    staging.unmap();
-    out
+    buffers::read_mapped(&staging)
 }
 
 /// Runs `record` on a fresh encoder, submits it, and returns the report (or
@@ -155,12 +131,4 @@ pub fn run_clip(
     let after = download(&g.device, &g.queue, &buffer, data.len());
     assert_no_wgpu_errors();
     (report, after)
-}
-
-/// Relative difference, with NaN equal to NaN and equal infinities equal.
-pub fn rel_diff(got: f64, want: f64) -> f64 {
-    if got.is_nan() && want.is_nan() || got == want {
-        return 0.0;
-    }
-    (got - want).abs() / want.abs().max(f64::MIN_POSITIVE)
 }

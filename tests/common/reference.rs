@@ -108,3 +108,11 @@ pub fn assert_identical(got: &[f32], want: &[f32], what: &str) {
         );
     }
 }
+
+/// Relative difference, with NaN equal to NaN and equal infinities equal.
+pub fn rel_diff(got: f64, want: f64) -> f64 {
+    if got.is_nan() && want.is_nan() || got == want {
+        return 0.0;
+    }
+    (got - want).abs() / want.abs().max(f64::MIN_POSITIVE)
+}
