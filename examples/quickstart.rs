@@ -42,7 +42,7 @@ fn gradient(n: usize) -> Vec<f32> {
             x ^= x >> 7;
             x ^= x << 17;
             let u = (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-            if x % 1000 == 0 {
+            if x.is_multiple_of(1000) {
                 u * 10.0
             } else {
                 u * 1e-3

@@ -13,7 +13,7 @@ impl Order {
         match self {
             Order::L2 => gradclip::Norm::L2,
             Order::Inf => gradclip::Norm::Inf,
-            Order::P(p) if p == 1.0 => gradclip::Norm::L1,
+            Order::P(1.0) => gradclip::Norm::L1,
             Order::P(p) => gradclip::Norm::P(p as f32),
         }
     }
