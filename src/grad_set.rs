@@ -308,6 +308,63 @@ impl GradSet {
     ///
     /// Invalid parameters return an error before anything is recorded.
     pub fn clip_norm(&self, encoder: &mut wgpu::CommandEncoder, clip: &ClipNorm) -> Result<()> {
+        self.record_clip_norm(encoder, clip, None)
+    }
+
+    /// Timestamp queries written by one [`clip_norm_timed`](Self::clip_norm_timed).
+    pub const CLIP_TIMESTAMPS: u32 = 5;
+
+    /// [`clip_norm`](Self::clip_norm) plus GPU timestamps, for benchmarks and
+    /// profilers; the recorded work is otherwise identical. Writes
+    /// `query_set[first_index + k]` for k = 0: the reduce pass begins;
+    /// 1: reduce is done, finalize begins (only on devices with
+    /// `Features::TIMESTAMP_QUERY_INSIDE_PASSES`); 2: finalize is done;
+    /// 3 and 4: the scale pass begins and ends (not written for a layout
+    /// without elements). Between 2 and 3 the indirect arguments are copied.
+    ///
+    /// Needs `Features::TIMESTAMP_QUERY` and a `QueryType::Timestamp` set with
+    /// room for [`CLIP_TIMESTAMPS`](Self::CLIP_TIMESTAMPS) queries from `first_index`.
+    pub fn clip_norm_timed(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        clip: &ClipNorm,
+        query_set: &wgpu::QuerySet,
+        first_index: u32,
+    ) -> Result<()> {
+        if !self
+            .inner
+            .device
+            .features()
+            .contains(wgpu::Features::TIMESTAMP_QUERY)
+        {
+            return Err(Error::UnsupportedDevice {
+                what: "timestamp queries",
+                have: 0,
+                need: 1,
+            });
+        }
+        too_large(
+            "timestamp query index",
+            first_index as u64 + Self::CLIP_TIMESTAMPS as u64,
+            query_set.count() as u64,
+        )?;
+        self.record_clip_norm(encoder, clip, Some((query_set, first_index)))
+    }
+
+    /// `clip_norm`, with the timestamps of `clip_norm_timed` when given.
+    fn record_clip_norm(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        clip: &ClipNorm,
+        timestamps: Option<(&wgpu::QuerySet, u32)>,
+    ) -> Result<()> {
+        let writes = |begin: u32, end: u32| {
+            timestamps.map(|(query_set, first)| wgpu::ComputePassTimestampWrites {
+                query_set,
+                beginning_of_pass_write_index: Some(first + begin),
+                end_of_pass_write_index: Some(first + end),
+            })
+        };
         let (reduction, config) = clip.to_record()?;
         let offset = self.config_offset(config);
         let pipelines = &self.inner.pipelines;
@@ -315,13 +372,19 @@ impl GradSet {
         {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("gradclip reduce + finalize"),
-                timestamp_writes: None,
+                timestamp_writes: writes(0, 2),
             });
             if has_elements {
                 pass.set_pipeline(pipelines.reduce(reduction));
                 for bind_group in &self.bind_groups {
                     pass.set_bind_group(0, bind_group, &[offset]);
                     pass.dispatch_workgroups(self.workgroups, 1, 1);
+                }
+            }
+            if let Some((query_set, first)) = timestamps {
+                let features = self.inner.device.features();
+                if features.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES) {
+                    pass.write_timestamp(query_set, first + 1);
                 }
             }
             pass.set_pipeline(pipelines.finalize(reduction));
@@ -340,7 +403,7 @@ impl GradSet {
             );
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("gradclip scale"),
-                timestamp_writes: None,
+                timestamp_writes: writes(3, 4),
             });
             pass.set_pipeline(&pipelines.scale);
             for bind_group in &self.bind_groups {
