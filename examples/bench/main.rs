@@ -57,21 +57,51 @@ struct Args {
     /// A short run: sizes up to 1e6, one warm-up repetition.
     #[arg(long)]
     quick: bool,
-    /// Skip the per-tensor dispatch baseline.
-    #[arg(long)]
-    no_naive: bool,
+    /// Which cases the per-tensor dispatch baseline runs. It records the
+    /// same dispatches and moves the same bytes for clip and no-clip steps
+    /// (it always scales) and for both norms, so by default only the L2
+    /// clip step is timed.
+    #[arg(long, value_enum, default_value_t = NaiveCases::L2Clip)]
+    naive: NaiveCases,
     /// Skip the CPU baseline.
     #[arg(long)]
     no_cpu: bool,
     /// Wall-clock time only, even where the adapter has timestamp queries.
     #[arg(long)]
     wall: bool,
+    /// Fail unless the adapter is a GPU (not lavapipe, llvmpipe or another
+    /// CPU adapter): for runs whose figures are meant as GPU figures.
+    #[arg(long)]
+    require_gpu: bool,
     /// Write the results as JSON (schema "gradclip-bench/1").
     #[arg(long)]
     json: Option<PathBuf>,
     /// Write an SVG plot of effective GB/s against N.
     #[arg(long)]
     svg: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum NaiveCases {
+    /// L2 clip steps only.
+    L2Clip,
+    /// Clip steps of every norm.
+    Clip,
+    /// Every case.
+    All,
+    /// None.
+    None,
+}
+
+impl NaiveCases {
+    fn runs(self, norm: NormKind, step: Step) -> bool {
+        match self {
+            NaiveCases::L2Clip => norm == NormKind::L2 && step == Step::Clip,
+            NaiveCases::Clip => step == Step::Clip,
+            NaiveCases::All => true,
+            NaiveCases::None => false,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -634,6 +664,18 @@ fn open_device(args: &Args) -> Res<(Bench, wgpu::AdapterInfo, Adapter)> {
         ..Default::default()
     }))?;
     let info = adapter.get_info();
+    if args.require_gpu
+        && !matches!(
+            info.device_type,
+            wgpu::DeviceType::DiscreteGpu | wgpu::DeviceType::IntegratedGpu
+        )
+    {
+        return Err(format!(
+            "--require-gpu: the adapter is {} ({:?}, {:?})",
+            info.name, info.backend, info.device_type
+        )
+        .into());
+    }
     let has = |f| features.contains(f);
     let timestamps = has(wgpu::Features::TIMESTAMP_QUERY);
     let gpu_basis = timestamps && has(wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS);
@@ -854,8 +896,9 @@ fn main() -> Res<()> {
             let tensor_sizes = even_sizes(n, t);
             let layout = gradclip::GradLayout::from_sizes(&tensor_sizes)?;
             let set = clipper.bind(&b.grads, &layout)?;
-            let naive_set = (!args.no_naive && naive::Naive::fits(&bench.device, n))
-                .then(|| naive.bind(&b.grads, &tensor_sizes));
+            let naive_set = (args.naive != NaiveCases::None
+                && naive::Naive::fits(&bench.device, n))
+            .then(|| naive.bind(&b.grads, &tensor_sizes));
             let ranges: Vec<_> = (0..t)
                 .map(|i| {
                     let r = layout.range(i);
@@ -882,7 +925,7 @@ fn main() -> Res<()> {
                     let (s, out) = run_gradclip(&bench, &b, &set, &case, max_norm)?;
                     check("gradclip", &case, reference, out.0, out.1, tol)?;
                     results.push(case.result("gradclip", &bench, s, out));
-                    if let Some(ns) = &naive_set {
+                    if let Some(ns) = naive_set.as_ref().filter(|_| args.naive.runs(norm, step)) {
                         let (s, out) = run_naive(&bench, &b, &naive, ns, &case, max_norm)?;
                         check("naive", &case, reference, out.0, out.1, tol.max(1e-3))?;
                         results.push(case.result("naive", &bench, s, out));
