@@ -5,12 +5,14 @@
 //! commands, the JSON schema and the figures measured so far.
 
 mod cpu;
+mod measure;
 mod naive;
 mod plot;
+mod report;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
 use serde::Serialize;
@@ -27,6 +29,8 @@ const NOCLIP_FLOOR_BYTES: u64 = 4;
 const MIN_N: u64 = 100_000;
 /// wgpu's limit on the queries of one query set.
 const MAX_QUERIES: u32 = 4096;
+
+use measure::{Bench, Buffers, CaseInputs, CpuCase, Samples};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -170,6 +174,8 @@ struct Adapter {
     timestamp_inside_passes: bool,
 }
 
+/// The copy bandwidth of one size: each case measures its own next to its
+/// clips; this is the median over the cases of that size.
 #[derive(Serialize, Clone)]
 pub struct CopyResult {
     pub n: u64,
@@ -206,10 +212,13 @@ pub struct CaseResult {
     pub passes: BTreeMap<String, f64>,
     /// floor_bytes / seconds.
     pub gbps: f64,
-    /// gbps / the copy bandwidth of the same device and N ("device copy"
-    /// for GPU rows, "host copy" for the CPU baseline).
+    /// gbps / limit_gbps.
     pub copy_fraction: f64,
+    /// "device copy" for GPU rows, "host copy" for the CPU baseline.
     pub limit: &'static str,
+    /// The copy bandwidth of the same N, measured in this case's repetitions
+    /// (interleaved with the clips), bytes read plus bytes written.
+    pub limit_gbps: f64,
     pub total_norm: f32,
     pub coefficient: f32,
 }
@@ -249,10 +258,6 @@ fn median(v: &mut [f64]) -> f64 {
 
 fn min_of(v: &[f64]) -> f64 {
     v.iter().copied().fold(f64::INFINITY, f64::min)
-}
-
-fn secs(d: Duration) -> f64 {
-    d.as_secs_f64()
 }
 
 fn parse_count(s: &str) -> Res<u64> {
@@ -307,158 +312,25 @@ fn even_sizes(n: u64, t: usize) -> Vec<usize> {
         .collect()
 }
 
-/// Everything one run shares: the device, the timestamp machinery and the
-/// buffers of the current size.
-struct Bench {
-    device: wgpu::Device,
-    queue: wgpu::Queue,
-    /// Pass timestamps (Features::TIMESTAMP_QUERY), unless --wall.
-    timestamps: bool,
-    /// Timestamps between commands too: the copy is timed on the GPU, and
-    /// all results are on the GPU basis.
-    gpu_basis: bool,
-    inside_passes: bool,
-    period_ns: f64,
-    queries: Option<wgpu::QuerySet>,
-    resolve: Option<wgpu::Buffer>,
-    readback: Option<wgpu::Buffer>,
-    reps: usize,
-    warmup: usize,
-}
-
-/// The buffers of one size N.
-struct Buffers {
-    n: u64,
-    pristine: wgpu::Buffer,
-    grads: wgpu::Buffer,
-    copy_dst: wgpu::Buffer,
-}
-
-impl Bench {
-    fn encoder(&self, label: &str) -> wgpu::CommandEncoder {
-        self.device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) })
-    }
-
-    fn wait(&self) -> Res<()> {
-        self.device.poll(wgpu::PollType::wait_indefinitely())?;
-        Ok(())
-    }
-
-    /// Puts the pristine gradients back (untimed) and waits for it.
-    fn restore(&self, b: &Buffers) -> Res<()> {
-        let mut enc = self.encoder("bench restore gradients");
-        enc.copy_buffer_to_buffer(&b.pristine, 0, &b.grads, 0, b.n * 4);
-        self.queue.submit([enc.finish()]);
-        self.wait()
-    }
-
-    /// The first `count` timestamps of the query set, in nanoseconds.
-    fn read_timestamps(&self, count: u32) -> Res<Vec<f64>> {
-        let (Some(queries), Some(resolve), Some(readback)) =
-            (&self.queries, &self.resolve, &self.readback)
-        else {
-            return Ok(Vec::new());
-        };
-        let mut enc = self.encoder("bench resolve timestamps");
-        enc.resolve_query_set(queries, 0..count, resolve, 0);
-        enc.copy_buffer_to_buffer(resolve, 0, readback, 0, count as u64 * 8);
-        self.queue.submit([enc.finish()]);
-        let bytes = read_mapped(&self.device, readback)?;
-        Ok(bytes[..count as usize * 8]
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap()) as f64 * self.period_ns)
-            .collect())
-    }
-
-    /// The query slot of repetition `r` (warm-ups share the first).
-    fn slot(&self, r: usize, per_rep: u32) -> u32 {
-        r.saturating_sub(self.warmup) as u32 * per_rep
-    }
-
-    /// Device copy of the whole buffer, timed like the clips.
-    fn copy(&self, b: &Buffers) -> Res<(f64, Vec<f64>)> {
-        let mut wall = Vec::with_capacity(self.reps);
-        for r in 0..self.warmup + self.reps {
-            let slot = self.slot(r, 2);
-            let mut enc = self.encoder("bench copy");
-            let t0 = Instant::now();
-            if self.gpu_basis {
-                enc.write_timestamp(self.queries.as_ref().unwrap(), slot);
-            }
-            enc.copy_buffer_to_buffer(&b.grads, 0, &b.copy_dst, 0, b.n * 4);
-            if self.gpu_basis {
-                enc.write_timestamp(self.queries.as_ref().unwrap(), slot + 1);
-            }
-            self.queue.submit([enc.finish()]);
-            self.wait()?;
-            if r >= self.warmup {
-                wall.push(secs(t0.elapsed()));
-            }
-        }
-        let mut gpu: Vec<f64> = if self.gpu_basis {
-            let t = self.read_timestamps(2 * self.reps as u32)?;
-            t.chunks_exact(2).map(|p| (p[1] - p[0]) * 1e-9).collect()
-        } else {
-            wall.clone()
-        };
-        Ok((median(&mut gpu), gpu))
-    }
-}
-
-/// Per-repetition samples of one case.
-struct Samples {
-    wall: Vec<f64>,
-    record: Vec<f64>,
-    passes: BTreeMap<String, Vec<f64>>,
-    gpu_total: Vec<f64>,
-}
-
-impl Samples {
-    fn new(reps: usize) -> Self {
-        Self {
-            wall: Vec::with_capacity(reps),
-            record: Vec::with_capacity(reps),
-            passes: BTreeMap::new(),
-            gpu_total: Vec::new(),
-        }
-    }
-
-    /// Splits the timestamps of each repetition into passes: `names[k]` is
-    /// the time from stamp k to stamp k + 1 (None: skipped); the GPU total
-    /// is first to last.
-    fn add_stamps(&mut self, stamps: &[f64], per_rep: usize, names: &[Option<&str>]) {
-        for rep in stamps.chunks_exact(per_rep) {
-            for (k, name) in names.iter().enumerate() {
-                if let Some(name) = name {
-                    self.passes
-                        .entry(name.to_string())
-                        .or_default()
-                        .push((rep[k + 1] - rep[k]) * 1e-9);
-                }
-            }
-            self.gpu_total.push((rep[per_rep - 1] - rep[0]) * 1e-9);
-        }
-    }
-}
-
-struct Case<'a> {
+/// One case's identity.
+struct Case {
     n: u64,
     tensors: usize,
     norm: NormKind,
     step: Step,
-    copy: &'a CopyResult,
 }
 
-impl Case<'_> {
+impl Case {
+    /// The result row of one implementation: medians on the run's basis
+    /// (GPU time where there are timestamps, wall time otherwise).
     fn result(
         &self,
         implementation: &str,
-        bench: &Bench,
-        mut s: Samples,
-        (total_norm, coefficient): (f32, f32),
+        gpu_basis: bool,
+        (mut s, (total_norm, coefficient)): (Samples, (f32, f32)),
+        (limit, limit_gbps): (&'static str, f64),
     ) -> CaseResult {
-        let gpu = bench.gpu_basis && !s.gpu_total.is_empty();
+        let gpu = gpu_basis && !s.gpu_total.is_empty();
         let basis_samples = if gpu { &mut s.gpu_total } else { &mut s.wall };
         let min_seconds = min_of(basis_samples);
         let seconds = median(basis_samples);
@@ -482,164 +354,29 @@ impl Case<'_> {
                 .map(|(k, v)| (k.clone(), median(v)))
                 .collect(),
             gbps,
-            copy_fraction: gbps / self.copy.gbps,
-            limit: "device copy",
+            copy_fraction: gbps / limit_gbps,
+            limit,
+            limit_gbps,
             total_norm,
             coefficient,
         }
     }
-}
 
-/// Checks a clip did what the case says: the expected kind of step and a
-/// norm that matches the float64 reference.
-fn check(what: &str, case: &Case, reference: f64, norm: f32, coef: f32, tol: f64) -> Res<()> {
-    let clipped = coef < 1.0;
-    let err = (norm as f64 - reference).abs() / reference;
-    if clipped != (case.step == Step::Clip) || err.is_nan() || err > tol {
-        return Err(format!(
-            "{what} N={} tensors={} {} {}: norm {norm} (reference {reference}, relative error {err:.1e}), coefficient {coef}",
-            case.n, case.tensors, case.norm, case.step.name()
-        )
-        .into());
-    }
-    Ok(())
-}
-
-fn gradclip_norm(norm: NormKind) -> gradclip::Norm {
-    match norm {
-        NormKind::L2 => gradclip::Norm::L2,
-        NormKind::Inf => gradclip::Norm::Inf,
-    }
-}
-
-/// gradclip's clip_norm: per-pass GPU time, wall time, record time.
-fn run_gradclip(
-    bench: &Bench,
-    b: &Buffers,
-    set: &gradclip::GradSet,
-    case: &Case,
-    max_norm: f32,
-) -> Res<(Samples, (f32, f32))> {
-    let clip = gradclip::ClipNorm::new(max_norm).norm(gradclip_norm(case.norm));
-    let per_rep = gradclip::GradSet::CLIP_TIMESTAMPS;
-    let mut s = Samples::new(bench.reps);
-    for r in 0..bench.warmup + bench.reps {
-        bench.restore(b)?;
-        let mut enc = bench.encoder("bench gradclip step");
-        let t0 = Instant::now();
-        match &bench.queries {
-            Some(q) if bench.timestamps => {
-                set.clip_norm_timed(&mut enc, &clip, q, bench.slot(r, per_rep))?
-            }
-            _ => set.clip_norm(&mut enc, &clip)?,
+    /// Checks that a clip did what the case says: the intended kind of step
+    /// and a norm that matches the float64 reference. A broken path must
+    /// never report a fast time.
+    fn check(&self, what: &str, reference: f64, (norm, coef): (f32, f32), tol: f64) -> Res<()> {
+        let clipped = coef < 1.0;
+        let err = (norm as f64 - reference).abs() / reference;
+        if clipped != (self.step == Step::Clip) || err.is_nan() || err > tol {
+            return Err(format!(
+                "{what} N={} tensors={} {} {}: norm {norm} (reference {reference}, relative error {err:.1e}), coefficient {coef}",
+                self.n, self.tensors, self.norm, self.step.name()
+            )
+            .into());
         }
-        let record = t0.elapsed();
-        bench.queue.submit([enc.finish()]);
-        bench.wait()?;
-        let wall = t0.elapsed();
-        if r >= bench.warmup {
-            s.record.push(secs(record));
-            s.wall.push(secs(wall));
-        }
+        Ok(())
     }
-    if bench.timestamps {
-        let stamps = bench.read_timestamps(per_rep * bench.reps as u32)?;
-        // 0 reduce begins, 1 finalize begins, 2 finalize ends, 3 scale begins, 4 scale ends.
-        if bench.inside_passes {
-            s.add_stamps(
-                &stamps,
-                5,
-                &[
-                    Some("reduce"),
-                    Some("finalize"),
-                    Some("args_copy"),
-                    Some("scale"),
-                ],
-            );
-        } else {
-            let mut merged = Vec::with_capacity(stamps.len());
-            for rep in stamps.chunks_exact(5) {
-                merged.extend([rep[0], rep[2], rep[3], rep[4]]);
-            }
-            s.add_stamps(
-                &merged,
-                4,
-                &[Some("reduce+finalize"), Some("args_copy"), Some("scale")],
-            );
-        }
-    }
-    let report = pollster::block_on(set.read_report())?;
-    Ok((s, (report.total_norm, report.coefficient)))
-}
-
-/// The per-tensor baseline, timed the same way.
-fn run_naive(
-    bench: &Bench,
-    b: &Buffers,
-    naive: &naive::Naive,
-    set: &naive::NaiveSet,
-    case: &Case,
-    max_norm: f32,
-) -> Res<(Samples, (f32, f32))> {
-    naive.set_max_norm(set, max_norm);
-    let per_rep = naive::TIMESTAMPS;
-    let mut s = Samples::new(bench.reps);
-    for r in 0..bench.warmup + bench.reps {
-        bench.restore(b)?;
-        let mut enc = bench.encoder("bench naive step");
-        let stamps = bench
-            .queries
-            .as_ref()
-            .filter(|_| bench.timestamps)
-            .map(|q| (q, bench.slot(r, per_rep)));
-        let t0 = Instant::now();
-        naive.record(set, &mut enc, case.norm, stamps);
-        let record = t0.elapsed();
-        bench.queue.submit([enc.finish()]);
-        bench.wait()?;
-        let wall = t0.elapsed();
-        if r >= bench.warmup {
-            s.record.push(secs(record));
-            s.wall.push(secs(wall));
-        }
-    }
-    if bench.timestamps {
-        let stamps = bench.read_timestamps(per_rep * bench.reps as u32)?;
-        s.add_stamps(
-            &stamps,
-            6,
-            &[Some("norms"), None, Some("total"), None, Some("scale")],
-        );
-    }
-    Ok((s, naive.read_result(set)?))
-}
-
-/// The CPU loop; wall time only.
-fn run_cpu(
-    bench: &Bench,
-    host: &[f32],
-    work: &mut [f32],
-    ranges: &[std::ops::Range<usize>],
-    case: &Case,
-    max_norm: f32,
-) -> (Samples, (f32, f32)) {
-    let mut s = Samples::new(bench.reps);
-    let mut last = (0.0, 0.0);
-    for r in 0..bench.warmup + bench.reps {
-        work.copy_from_slice(host);
-        let t0 = Instant::now();
-        last = std::hint::black_box(cpu::clip(
-            std::hint::black_box(&mut *work),
-            ranges,
-            case.norm,
-            max_norm,
-        ));
-        let wall = t0.elapsed();
-        if r >= bench.warmup {
-            s.wall.push(secs(wall));
-        }
-    }
-    (s, last)
 }
 
 fn open_device(args: &Args) -> Res<(Bench, wgpu::AdapterInfo, Adapter)> {
@@ -681,8 +418,7 @@ fn open_device(args: &Args) -> Res<(Bench, wgpu::AdapterInfo, Adapter)> {
     let gpu_basis = timestamps && has(wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS);
     let inside_passes = timestamps && has(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES);
     let reps = args.reps.max(1);
-    let per_rep = naive::TIMESTAMPS.max(gradclip::GradSet::CLIP_TIMESTAMPS);
-    let count = (reps as u32).saturating_mul(per_rep);
+    let count = (reps as u32).saturating_mul(measure::STAMPS_PER_REP);
     if timestamps && count > MAX_QUERIES {
         return Err(
             format!("--reps {reps} needs more than {MAX_QUERIES} timestamp queries").into(),
@@ -853,41 +589,12 @@ fn main() -> Res<()> {
             }),
         };
         bench.restore(&b)?;
-
-        let (copy_seconds, _) = bench.copy(&b)?;
         let mut work = if args.no_cpu {
             Vec::new()
         } else {
             vec![0.0f32; n as usize]
         };
-        let (host_seconds, host_gbps) = if args.no_cpu {
-            (None, None)
-        } else {
-            let mut t = Vec::with_capacity(bench.reps);
-            for r in 0..bench.warmup + bench.reps {
-                let t0 = Instant::now();
-                work.copy_from_slice(std::hint::black_box(&host));
-                let e = secs(t0.elapsed());
-                if r >= bench.warmup {
-                    t.push(e);
-                }
-            }
-            let m = median(&mut t);
-            (Some(m), Some(8.0 * n as f64 / m * 1e-9))
-        };
-        let copy = CopyResult {
-            n,
-            bytes: 8 * n,
-            seconds: copy_seconds,
-            gbps: 8.0 * n as f64 / copy_seconds * 1e-9,
-            host_seconds,
-            host_gbps,
-        };
-        eprintln!(
-            "N = {n}: device copy {:.1} GB/s{}",
-            copy.gbps,
-            host_gbps.map_or(String::new(), |g| format!(", host copy {g:.1} GB/s"))
-        );
+        let (mut copy_medians, mut host_medians) = (Vec::new(), Vec::new());
 
         for &t in &args.tensors {
             if t == 0 || t as u64 > n {
@@ -920,30 +627,58 @@ fn main() -> Res<()> {
                         tensors: t,
                         norm,
                         step,
-                        copy: &copy,
                     };
-                    let (s, out) = run_gradclip(&bench, &b, &set, &case, max_norm)?;
-                    check("gradclip", &case, reference, out.0, out.1, tol)?;
-                    results.push(case.result("gradclip", &bench, s, out));
-                    if let Some(ns) = naive_set.as_ref().filter(|_| args.naive.runs(norm, step)) {
-                        let (s, out) = run_naive(&bench, &b, &naive, ns, &case, max_norm)?;
-                        check("naive", &case, reference, out.0, out.1, tol.max(1e-3))?;
-                        results.push(case.result("naive", &bench, s, out));
+                    let mut m = bench.run_case(CaseInputs {
+                        buffers: &b,
+                        set: &set,
+                        naive: naive_set
+                            .as_ref()
+                            .filter(|_| args.naive.runs(norm, step))
+                            .map(|s| (&naive, s)),
+                        cpu: (!args.no_cpu).then(|| CpuCase {
+                            host: &host,
+                            work: &mut work,
+                            ranges: &ranges,
+                        }),
+                        norm,
+                        max_norm,
+                    })?;
+                    let copy_seconds = median(&mut m.copy);
+                    copy_medians.push(copy_seconds);
+                    let device_copy = ("device copy", 8.0 * n as f64 / copy_seconds * 1e-9);
+                    case.check("gradclip", reference, m.gradclip.1, tol)?;
+                    results.push(case.result("gradclip", bench.gpu_basis, m.gradclip, device_copy));
+                    if let Some(out) = m.naive {
+                        case.check("naive", reference, out.1, tol.max(1e-3))?;
+                        results.push(case.result("naive", bench.gpu_basis, out, device_copy));
                     }
-                    if !args.no_cpu {
-                        let (s, out) = run_cpu(&bench, &host, &mut work, &ranges, &case, max_norm);
-                        check("cpu", &case, reference, out.0, out.1, tol.max(1e-3))?;
-                        let mut r = case.result("cpu", &bench, s, out);
-                        r.basis = "wall";
-                        r.copy_fraction = r.gbps / host_gbps.unwrap_or(f64::NAN);
-                        r.limit = "host copy";
-                        results.push(r);
+                    if let Some(out) = m.cpu {
+                        let host_seconds = median(&mut m.host_copy);
+                        host_medians.push(host_seconds);
+                        let host_copy = ("host copy", 8.0 * n as f64 / host_seconds * 1e-9);
+                        case.check("cpu", reference, out.1, tol.max(1e-3))?;
+                        results.push(case.result("cpu", false, out, host_copy));
                     }
                     eprint!(".");
                 }
             }
         }
-        eprintln!();
+        let seconds = median(&mut copy_medians);
+        let host_seconds = (!host_medians.is_empty()).then(|| median(&mut host_medians));
+        let copy = CopyResult {
+            n,
+            bytes: 8 * n,
+            seconds,
+            gbps: 8.0 * n as f64 / seconds * 1e-9,
+            host_seconds,
+            host_gbps: host_seconds.map(|s| 8.0 * n as f64 / s * 1e-9),
+        };
+        eprintln!(
+            " N = {n}: device copy {:.1} GB/s{}",
+            copy.gbps,
+            copy.host_gbps
+                .map_or(String::new(), |g| format!(", host copy {g:.1} GB/s"))
+        );
         copies.push(copy);
     }
     eprintln!("done in {:.1} s", started.elapsed().as_secs_f64());
@@ -960,180 +695,14 @@ fn main() -> Res<()> {
         copy: copies,
         results,
     };
-    print!("{}", markdown(&run));
+    print!("{}", report::markdown(&run));
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&run)?)?;
         eprintln!("wrote {}", path.display());
     }
     if let Some(path) = &args.svg {
-        plot::svg(&run.copy, &run.results, &plot_title(&run), path)?;
+        plot::svg(&run.copy, &run.results, &report::plot_title(&run), path)?;
         eprintln!("wrote {}", path.display());
     }
     Ok(())
-}
-
-fn plot_title(run: &Run) -> String {
-    format!(
-        "gradclip clip_norm, {} ({}), {}",
-        run.adapter.name, run.adapter.backend, run.date_utc
-    )
-}
-
-fn us(s: f64) -> String {
-    let v = s * 1e6;
-    if !v.is_finite() {
-        "–".into()
-    } else if v >= 100.0 {
-        format!("{v:.0}")
-    } else if v >= 10.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.2}")
-    }
-}
-
-/// Three significant digits, no exponent.
-fn sig(v: f64) -> String {
-    if !v.is_finite() {
-        return "–".into();
-    }
-    let digits = (2 - v.abs().max(1e-9).log10().floor() as i32).clamp(0, 9) as usize;
-    format!("{v:.digits$}")
-}
-
-fn pass(r: &CaseResult, name: &str) -> String {
-    r.passes.get(name).map_or("–".into(), |&s| us(s))
-}
-
-/// The results as markdown tables.
-fn markdown(run: &Run) -> String {
-    use std::fmt::Write;
-    let mut o = String::new();
-    let a = &run.adapter;
-    let _ = writeln!(
-        o,
-        "## gradclip benchmark: {} ({}, {}, driver {} {})\n",
-        a.name, a.backend, a.device_type, a.driver, a.driver_info
-    );
-    let _ = writeln!(
-        o,
-        "{}; `{}`. Median of {} repetitions after {} warm-up; times in µs on the {} basis ({}).\n",
-        run.date_utc,
-        run.command,
-        run.reps,
-        run.warmup,
-        run.basis,
-        if run.basis == "gpu" {
-            "GPU timestamps from the first pass's start to the last pass's end"
-        } else {
-            "wall clock around submit + wait"
-        }
-    );
-    let _ = writeln!(o, "### Copy bandwidth (the limit)\n");
-    let _ = writeln!(
-        o,
-        "| N | bytes moved | device copy µs | device GB/s | host copy GB/s |"
-    );
-    let _ = writeln!(o, "|---:|---:|---:|---:|---:|");
-    for c in &run.copy {
-        let _ = writeln!(
-            o,
-            "| {} | {} | {} | {:.1} | {} |",
-            c.n,
-            c.bytes,
-            us(c.seconds),
-            c.gbps,
-            c.host_gbps.map_or("–".into(), |g| format!("{g:.1}"))
-        );
-    }
-    let _ = writeln!(
-        o,
-        "\n### Clip steps and no-clip steps\n\nGB/s = floor bytes (12 N for a clip, 4 N for no clip) / time; % copy = that / the copy bandwidth of the same N (host copy for the CPU rows). Passes: gradclip reduce / finalize / indirect-args copy / scale, naive norms / total / scale. e2e = record + submit + wait on the host.\n"
-    );
-    let _ = writeln!(
-        o,
-        "| N | tensors | norm | step | impl | time µs | GB/s | % copy | passes µs | e2e µs | record µs |"
-    );
-    let _ = writeln!(o, "|---:|---:|---|---|---|---:|---:|---:|---|---:|---:|");
-    for r in &run.results {
-        let passes = match r.implementation.as_str() {
-            "gradclip" if r.passes.contains_key("reduce") => format!(
-                "{} / {} / {} / {}",
-                pass(r, "reduce"),
-                pass(r, "finalize"),
-                pass(r, "args_copy"),
-                pass(r, "scale")
-            ),
-            "gradclip" if !r.passes.is_empty() => format!(
-                "{} (reduce+finalize) / {} / {}",
-                pass(r, "reduce+finalize"),
-                pass(r, "args_copy"),
-                pass(r, "scale")
-            ),
-            "naive" if !r.passes.is_empty() => format!(
-                "{} / {} / {}",
-                pass(r, "norms"),
-                pass(r, "total"),
-                pass(r, "scale")
-            ),
-            _ => "–".into(),
-        };
-        let _ = writeln!(
-            o,
-            "| {} | {} | {} | {} | {} | {} | {} | {}% | {} | {} | {} |",
-            r.n,
-            r.tensors,
-            r.norm,
-            r.step.name(),
-            r.implementation,
-            us(r.seconds),
-            sig(r.gbps),
-            sig(100.0 * r.copy_fraction),
-            passes,
-            us(r.wall_seconds),
-            r.record_seconds.map_or("–".into(), us)
-        );
-    }
-    // Ratios between implementations of the same case, from this run.
-    let find = |imp: &str, g: &CaseResult| {
-        run.results.iter().find(|r| {
-            r.implementation == imp
-                && r.n == g.n
-                && r.tensors == g.tensors
-                && r.norm == g.norm
-                && r.step == g.step
-        })
-    };
-    let _ = writeln!(
-        o,
-        "\n### Ratios (same run)\n\nTime of each baseline / gradclip's time (above 1: gradclip is faster); record time likewise.\n"
-    );
-    let _ = writeln!(
-        o,
-        "| N | tensors | norm | step | gradclip % copy | naive / gradclip | naive record / gradclip record | cpu / gradclip (wall) |"
-    );
-    let _ = writeln!(o, "|---:|---:|---|---|---:|---:|---:|---:|");
-    for g in run
-        .results
-        .iter()
-        .filter(|r| r.implementation == "gradclip")
-    {
-        let naive = find("naive", g);
-        let cpu = find("cpu", g);
-        let _ = writeln!(
-            o,
-            "| {} | {} | {} | {} | {}% | {} | {} | {} |",
-            g.n,
-            g.tensors,
-            g.norm,
-            g.step.name(),
-            sig(100.0 * g.copy_fraction),
-            naive.map_or("–".into(), |r| sig(r.seconds / g.seconds)),
-            naive
-                .and_then(|r| Some(r.record_seconds? / g.record_seconds?))
-                .map_or("–".into(), sig),
-            cpu.map_or("–".into(), |r| sig(r.wall_seconds / g.wall_seconds)),
-        );
-    }
-    o
 }
