@@ -48,6 +48,24 @@ pub struct GradSet {
     steps: Mutex<u64>,
 }
 
+/// Where `clip_norm_timed` writes its timestamps: a query set and the first index.
+type Timing<'a> = Option<(&'a wgpu::QuerySet, u32)>;
+
+trait TimingWrites<'a> {
+    fn writes(self, begin: u32, end: u32) -> Option<wgpu::ComputePassTimestampWrites<'a>>;
+}
+
+impl<'a> TimingWrites<'a> for Timing<'a> {
+    /// Timestamps at the beginning and end of a pass, `begin` and `end` past the first index.
+    fn writes(self, begin: u32, end: u32) -> Option<wgpu::ComputePassTimestampWrites<'a>> {
+        self.map(|(query_set, first)| wgpu::ComputePassTimestampWrites {
+            query_set,
+            beginning_of_pass_write_index: Some(first + begin),
+            end_of_pass_write_index: Some(first + end),
+        })
+    }
+}
+
 /// Which clip configurations are in which uniform slot.
 #[derive(Debug, Default)]
 struct ConfigCache {
@@ -368,10 +386,17 @@ impl GradSet {
         })
     }
 
-    /// The reduce dispatches (one per window) and the finalize dispatch.
-    fn encode_norm(&self, encoder: &mut wgpu::CommandEncoder, reduction: Reduction, offset: u32) {
+    /// The reduce dispatches (one per window) and the finalize dispatch;
+    /// timestamps 0, 1 (inside the pass, where the device can) and 2.
+    fn encode_norm(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        reduction: Reduction,
+        offset: u32,
+        timing: Timing<'_>,
+    ) {
         let pipelines = &self.inner.pipelines;
-        let mut pass = self.pass(encoder, "gradclip reduce + finalize");
+        let mut pass = self.pass(encoder, "gradclip reduce + finalize", timing.writes(0, 2));
         if self.has_elements {
             pass.set_pipeline(pipelines.reduce(reduction));
             for bind_group in &self.bind_groups {
@@ -379,13 +404,24 @@ impl GradSet {
                 pass.dispatch_workgroups(self.workgroups, 1, 1);
             }
         }
+        if let Some((query_set, first)) = timing {
+            if self
+                .inner
+                .device
+                .features()
+                .contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES)
+            {
+                pass.write_timestamp(query_set, first + 1);
+            }
+        }
         pass.set_pipeline(pipelines.finalize(reduction));
         pass.set_bind_group(0, &self.bind_groups[0], &[offset]);
         pass.dispatch_workgroups(1, 1, 1);
     }
 
-    /// The scale pass, as many workgroups as finalize decided (often none).
-    fn encode_scale(&self, encoder: &mut wgpu::CommandEncoder, offset: u32) {
+    /// The scale pass, as many workgroups as finalize decided (often none);
+    /// timestamps 3 and 4.
+    fn encode_scale(&self, encoder: &mut wgpu::CommandEncoder, offset: u32, timing: Timing<'_>) {
         if !self.has_elements {
             return;
         }
@@ -398,7 +434,7 @@ impl GradSet {
             0,
             DISPATCH_SIZE,
         );
-        let mut pass = self.pass(encoder, "gradclip scale");
+        let mut pass = self.pass(encoder, "gradclip scale", timing.writes(3, 4));
         pass.set_pipeline(&self.inner.pipelines.scale);
         for bind_group in &self.bind_groups {
             pass.set_bind_group(0, bind_group, &[offset]);
@@ -454,10 +490,59 @@ impl GradSet {
     /// # Ok::<(), gradclip::Error>(()) }).unwrap();
     /// ```
     pub fn clip_norm(&self, encoder: &mut wgpu::CommandEncoder, clip: &ClipNorm) -> Result<()> {
+        self.record_clip_norm(encoder, clip, None)
+    }
+
+    /// Timestamp queries written by one [`clip_norm_timed`](Self::clip_norm_timed).
+    pub const CLIP_TIMESTAMPS: u32 = 5;
+
+    /// [`clip_norm`](Self::clip_norm) plus GPU timestamps, for benchmarks and
+    /// profilers; the recorded work is otherwise identical. Writes
+    /// `query_set[first_index + k]` for k = 0: the reduce pass begins;
+    /// 1: reduce is done, finalize begins (only on devices with
+    /// `Features::TIMESTAMP_QUERY_INSIDE_PASSES`); 2: finalize is done;
+    /// 3 and 4: the scale pass begins and ends (not written for a layout
+    /// without elements). Between 2 and 3 the indirect arguments are copied.
+    ///
+    /// Needs `Features::TIMESTAMP_QUERY` and a `QueryType::Timestamp` set with
+    /// room for [`CLIP_TIMESTAMPS`](Self::CLIP_TIMESTAMPS) queries from `first_index`.
+    pub fn clip_norm_timed(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        clip: &ClipNorm,
+        query_set: &wgpu::QuerySet,
+        first_index: u32,
+    ) -> Result<()> {
+        if !self
+            .inner
+            .device
+            .features()
+            .contains(wgpu::Features::TIMESTAMP_QUERY)
+        {
+            return Err(Error::UnsupportedDevice {
+                what: "timestamp queries",
+                have: 0,
+                need: 1,
+            });
+        }
+        too_large(
+            "timestamp query index",
+            first_index as u64 + Self::CLIP_TIMESTAMPS as u64,
+            query_set.count() as u64,
+        )?;
+        self.record_clip_norm(encoder, clip, Some((query_set, first_index)))
+    }
+
+    fn record_clip_norm(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        clip: &ClipNorm,
+        timing: Timing<'_>,
+    ) -> Result<()> {
         let (reduction, config) = clip.to_record()?;
         let offset = self.config_offset(config);
-        self.encode_norm(encoder, reduction, offset);
-        self.encode_scale(encoder, offset);
+        self.encode_norm(encoder, reduction, offset, timing);
+        self.encode_scale(encoder, offset, timing);
         self.record_report(encoder, &config, clip);
         Ok(())
     }
@@ -489,7 +574,7 @@ impl GradSet {
         let (reduction, mut config) = clip.to_record()?;
         config.flags |= CFG_NO_SCALE;
         let offset = self.config_offset(config);
-        self.encode_norm(encoder, reduction, offset);
+        self.encode_norm(encoder, reduction, offset, None);
         self.record_report(encoder, &config, clip);
         Ok(())
     }
@@ -566,12 +651,12 @@ impl GradSet {
         let config_offset = self.config_offset(config);
         encoder.copy_buffer_to_buffer(source, offset, &self.stats, STATS_PARTIAL_OFFSET, bytes);
         {
-            let mut pass = self.pass(encoder, "gradclip finish");
+            let mut pass = self.pass(encoder, "gradclip finish", None);
             pass.set_pipeline(self.inner.pipelines.finish(reduction));
             pass.set_bind_group(0, &self.bind_groups[0], &[config_offset]);
             pass.dispatch_workgroups(1, 1, 1);
         }
-        self.encode_scale(encoder, config_offset);
+        self.encode_scale(encoder, config_offset, None);
         self.record_report(encoder, &config, clip);
         Ok(())
     }
@@ -600,7 +685,7 @@ impl GradSet {
         if !self.has_elements {
             return Ok(());
         }
-        let mut pass = self.pass(encoder, "gradclip clamp");
+        let mut pass = self.pass(encoder, "gradclip clamp", None);
         pass.set_pipeline(&self.inner.pipelines.clamp);
         for bind_group in &self.bind_groups {
             pass.set_bind_group(0, bind_group, &[offset]);

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Here, on the build machine (no GPU): gets everything a lent GPU machine
+# needs to run the benchmark and its PyTorch peer, into two ignored folders
+# that the device tool carries: .gl (the Vulkan loader and GL dispatch
+# libraries as .debs, from Debian's amd64 archive) and .gpu (the bench binary,
+# built here, since that machine has no Rust toolchain).
+# Then: device run, carry [".gl", ".gpu"], command "bash bench/gpu_run.sh".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Both folders are in .gitignore, so they travel only when carried.
+if ! ls .gl/libvulkan1_*.deb >/dev/null 2>&1; then
+    mkdir -p .gl /tmp/amd64/partial
+    o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
+    # shellcheck disable=SC2086
+    apt-get $o update -qq
+    # shellcheck disable=SC2086
+    (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
+fi
+
+cargo build --release --example bench
+mkdir -p .gpu
+cp target/release/examples/bench .gpu/bench
+du -sh .gl .gpu
+echo "ready: device run with carry [\".gl\", \".gpu\"] and command 'bash bench/gpu_run.sh'"
