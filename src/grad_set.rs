@@ -379,10 +379,11 @@ impl GradSet {
         &self,
         encoder: &'e mut wgpu::CommandEncoder,
         label: &'static str,
+        timestamp_writes: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) -> wgpu::ComputePass<'e> {
         encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some(label),
-            timestamp_writes: None,
+            timestamp_writes,
         })
     }
 
