@@ -55,13 +55,20 @@ struct Partial {
     flags: u32,
 }
 
-// Per binding window, written once by the host.
+// Per binding window, written once by the host. The chunk table holds two
+// cuts of the same elements: per-tensor chunks at [0, chunk_count), and flat
+// chunks, which run across tensor boundaries, at [chunk_count, chunk_count +
+// flat_count). Partials are indexed like the table.
 struct WindowInfo {
-    chunk_begin: u32,  // first chunk of this window
-    chunk_end: u32,    // one past the last chunk of this window
-    chunk_count: u32,  // chunks of all windows (what finalize reads)
-    workgroups: u32,   // workgroups of every grid-stride dispatch
+    chunk_begin: u32,      // this window's per-tensor chunks
+    chunk_end: u32,
+    chunk_count: u32,      // per-tensor chunks of all windows
+    workgroups: u32,       // grid-stride workgroups over per-tensor chunks
     tensor_count: u32,
+    flat_begin: u32,       // this window's flat chunks (absolute indices)
+    flat_end: u32,
+    flat_count: u32,       // flat chunks of all windows
+    flat_workgroups: u32,  // grid-stride workgroups over flat chunks
 }
 
 // One clip's parameters, written by the host once per distinct configuration.
@@ -109,6 +116,34 @@ struct Stats {
 @group(0) @binding(3) var<storage, read_write> stats: Stats;
 @group(0) @binding(4) var<uniform> win: WindowInfo;
 @group(0) @binding(5) var<uniform> cfg: ClipConfig;
+
+// Whether this clip needs per-tensor results, and so walks the per-tensor
+// chunks; otherwise the flat ones, where thousands of small tensors cost
+// what one tensor of the same total size costs.
+fn per_tensor_chunks() -> bool {
+    return (cfg.flags & (CFG_TENSOR_NORMS | CFG_PER_TENSOR)) != 0u;
+}
+
+// This window's chunks for this clip, as [begin, end).
+fn window_chunks() -> vec2<u32> {
+    if per_tensor_chunks() {
+        return vec2(win.chunk_begin, win.chunk_end);
+    }
+    return vec2(win.flat_begin, win.flat_end);
+}
+
+// The chunks of all windows for this clip, as [begin, end).
+fn all_chunks() -> vec2<u32> {
+    if per_tensor_chunks() {
+        return vec2(0u, win.chunk_count);
+    }
+    return vec2(win.chunk_count, win.chunk_count + win.flat_count);
+}
+
+// Workgroups of this clip's grid-stride dispatches (the host dispatches the same number).
+fn stride_workgroups() -> u32 {
+    return select(win.flat_workgroups, win.workgroups, per_tensor_chunks());
+}
 
 // Bits of a non-finite element, as FLAG_* bits; 0 for finite ones.
 fn nonfinite_flags(bits: u32) -> u32 {

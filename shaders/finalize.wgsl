@@ -133,7 +133,7 @@ fn finish(q: Partial, kind: u32, per_tensor_clips: bool) {
     if q.flags != 0u && cfg.error_if_nonfinite != 0u {
         st.coefficient = 1.0;
     }
-    st.dispatch = array<u32, 3>(select(0u, win.workgroups, scale), 1u, 1u);
+    st.dispatch = array<u32, 3>(select(0u, stride_workgroups(), scale), 1u, 1u);
     stats.state = st;
 }
 
@@ -141,7 +141,8 @@ fn finish(q: Partial, kind: u32, per_tensor_clips: bool) {
 fn finalize(t: u32, kind: u32) {
     var acc = vec3<f32>(0.0);
     var flags = 0u;
-    for (var c = t; c < win.chunk_count; c += WG) {
+    let range = all_chunks();
+    for (var c = range.x + t; c < range.y; c += WG) {
         let q = partials[c];
         acc = merge(kind, acc, q.v);
         flags |= q.flags;
@@ -160,21 +161,21 @@ fn finalize(t: u32, kind: u32) {
     }
 }
 
-// finalize_l2 — reads: partials[0 .. win.chunk_count) from reduce_l2, cfg, stats.tensors ranges.
+// finalize_l2 — reads: partials of all_chunks() from reduce_l2, cfg, stats.tensors ranges.
 // Writes: stats (state, partial, per-tensor norms when cfg.flags asks). Dispatch: (1, 1, 1).
 @compute @workgroup_size(WG)
 fn finalize_l2(@builtin(local_invocation_index) t: u32) {
     finalize(t, 0u);
 }
 
-// finalize_inf — reads: partials[0 .. win.chunk_count) from reduce_inf, cfg, stats.tensors ranges.
+// finalize_inf — reads: partials of all_chunks() from reduce_inf, cfg, stats.tensors ranges.
 // Writes: stats (state, partial, per-tensor norms when cfg.flags asks). Dispatch: (1, 1, 1).
 @compute @workgroup_size(WG)
 fn finalize_inf(@builtin(local_invocation_index) t: u32) {
     finalize(t, 1u);
 }
 
-// finalize_p — reads: partials[0 .. win.chunk_count) from reduce_p, cfg, stats.tensors ranges.
+// finalize_p — reads: partials of all_chunks() from reduce_p, cfg, stats.tensors ranges.
 // Writes: stats (state, partial, per-tensor norms when cfg.flags asks). Dispatch: (1, 1, 1).
 @compute @workgroup_size(WG)
 fn finalize_p(@builtin(local_invocation_index) t: u32) {

@@ -15,10 +15,12 @@ fn chunk_elem(ch: Chunk, i: u32) -> u32 {
 
 // reduce_l2 — reads: grads (this window's chunks), chunks, win.
 // Writes: partials[c] = (small, medium, big) scaled sums of squares + flags.
-// Dispatch: (win.workgroups, 1, 1), workgroups striding over the window's chunks.
+// Dispatch: (stride_workgroups(), 1, 1), workgroups striding over window_chunks().
 @compute @workgroup_size(WG)
 fn reduce_l2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    for (var c = win.chunk_begin + wg.x; c < win.chunk_end; c += win.workgroups) {
+    let range = window_chunks();
+    let stride = stride_workgroups();
+    for (var c = range.x + wg.x; c < range.y; c += stride) {
         let ch = chunks[c];
         var acc = vec3<f32>(0.0);
         var flags = 0u;
@@ -52,10 +54,12 @@ fn reduce_l2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
 // reduce_inf — reads: grads (this window's chunks), chunks, win.
 // Writes: partials[c].v.x = bits of max |g| over finite g (bit order is value
 // order for non-negative floats, so no float compare is needed) + flags.
-// Dispatch: (win.workgroups, 1, 1), workgroups striding over the window's chunks.
+// Dispatch: (stride_workgroups(), 1, 1), workgroups striding over window_chunks().
 @compute @workgroup_size(WG)
 fn reduce_inf(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    for (var c = win.chunk_begin + wg.x; c < win.chunk_end; c += win.workgroups) {
+    let range = window_chunks();
+    let stride = stride_workgroups();
+    for (var c = range.x + wg.x; c < range.y; c += stride) {
         let ch = chunks[c];
         var best = 0u;
         var flags = 0u;
@@ -79,11 +83,13 @@ fn reduce_inf(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
 
 // reduce_p — reads: grads (this window's chunks), chunks, win, cfg.p.
 // Writes: partials[c] = (s, m, E): sum(|g|^p) relative to the largest |g| = m * 2^E + flags.
-// Dispatch: (win.workgroups, 1, 1), workgroups striding over the window's chunks.
+// Dispatch: (stride_workgroups(), 1, 1), workgroups striding over window_chunks().
 @compute @workgroup_size(WG)
 fn reduce_p(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let p = cfg.p;
-    for (var c = win.chunk_begin + wg.x; c < win.chunk_end; c += win.workgroups) {
+    let range = window_chunks();
+    let stride = stride_workgroups();
+    for (var c = range.x + wg.x; c < range.y; c += stride) {
         let ch = chunks[c];
         var acc = vec3<f32>(0.0);
         var flags = 0u;

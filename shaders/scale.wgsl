@@ -39,14 +39,16 @@ fn clamped(g: f32, lo: f32, hi: f32) -> f32 {
 // scale — reads: stats.state.coefficient / scale_kind (from finalize), per
 // tensor coefficients when clipping per tensor, grads of this window's
 // chunks. Writes: those grads, in place.
-// Dispatch: indirect from ClipState.dispatch: (win.workgroups or 0, 1, 1),
+// Dispatch: indirect from ClipState.dispatch: (stride_workgroups() or 0, 1, 1),
 // workgroups striding over the window's chunks.
 @compute @workgroup_size(WG)
 fn scale(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let global_kind = stats.state.scale_kind;
     let global_coef = stats.state.coefficient;
     let per_tensor = global_kind == SCALE_PER_TENSOR;
-    for (var c = win.chunk_begin + wg.x; c < win.chunk_end; c += win.workgroups) {
+    let range = window_chunks();
+    let stride = stride_workgroups();
+    for (var c = range.x + wg.x; c < range.y; c += stride) {
         let ch = chunks[c];
         // A tensor's coefficient already encodes NaN/inf handling: a plain
         // multiply by 0 or NaN gives what PyTorch and TensorFlow give.
@@ -64,12 +66,14 @@ fn scale(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
 
 // clamp_values — reads: cfg.clamp_min / cfg.clamp_max, grads of this
 // window's chunks. Writes: those grads clamped in place; NaN stays NaN.
-// Dispatch: (win.workgroups, 1, 1), workgroups striding over the window's chunks.
+// Dispatch: (stride_workgroups(), 1, 1), workgroups striding over window_chunks().
 @compute @workgroup_size(WG)
 fn clamp_values(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let lo = finite_bound(cfg.clamp_min);
     let hi = finite_bound(cfg.clamp_max);
-    for (var c = win.chunk_begin + wg.x; c < win.chunk_end; c += win.workgroups) {
+    let range = window_chunks();
+    let stride = stride_workgroups();
+    for (var c = range.x + wg.x; c < range.y; c += stride) {
         let ch = chunks[c];
         for (var i = t; i < ch.len; i += WG) {
             let j = ch.start + i;

@@ -9,10 +9,10 @@ use crate::clipper::Inner;
 use crate::config::{clamp_record, ClipNorm, Reduction};
 use crate::error::{Error, Result};
 use crate::gpu_errors::Catch;
-use crate::layout::{plan, GradLayout, Placement};
+use crate::layout::{plan, GradLayout, Placement, Window};
 use crate::records::{
-    Chunk, ClipConfig, ClipState, Partial, TensorStat, WindowInfo, CFG_NO_SCALE, DISPATCH_OFFSET,
-    DISPATCH_SIZE, STATS_HEAD_SIZE, STATS_PARTIAL_OFFSET,
+    Chunk, ClipConfig, ClipState, Partial, TensorStat, WindowInfo, CFG_NO_SCALE, CFG_PER_TENSOR,
+    CFG_TENSOR_NORMS, DISPATCH_OFFSET, DISPATCH_SIZE, STATS_HEAD_SIZE, STATS_PARTIAL_OFFSET,
 };
 use crate::report::{ClipReport, ReportRing};
 
@@ -42,7 +42,9 @@ pub struct GradSet {
     uniforms: wgpu::Buffer,
     uniform_stride: u64,
     config_base: u64,
+    /// Grid-stride workgroups over per-tensor chunks, and over flat chunks.
     workgroups: u32,
+    flat_workgroups: u32,
     configs: Mutex<ConfigCache>,
     reports: ReportRing,
     steps: Mutex<u64>,
@@ -125,46 +127,62 @@ impl GradSet {
             align,
         )?;
         let chunk_count = plan.chunks.len() as u64;
+        let flat_count = plan.flat.len() as u64;
+        let table_len = chunk_count + flat_count;
         let tensor_count = layout.len() as u64;
         too_large(
             "chunk table bytes",
-            chunk_count * size_of::<Chunk>() as u64,
+            table_len * size_of::<Chunk>() as u64,
             max_binding,
         )?;
         too_large(
             "partials bytes",
-            chunk_count * size_of::<Partial>() as u64,
+            table_len * size_of::<Partial>() as u64,
             max_binding,
         )?;
         let stats_size = STATS_HEAD_SIZE + tensor_count.max(1) * size_of::<TensorStat>() as u64;
         too_large("per-tensor statistics bytes", stats_size, max_binding)?;
 
-        let busiest = plan
-            .windows
-            .iter()
-            .map(|w| w.chunk_end - w.chunk_begin)
-            .max()
-            .unwrap_or(1);
-        let workgroups = busiest.clamp(
-            1,
-            MAX_WORKGROUPS.min(limits.max_compute_workgroups_per_dimension),
-        );
+        // Enough workgroups for the busiest window, within the dispatch limit.
+        let cap = MAX_WORKGROUPS.min(limits.max_compute_workgroups_per_dimension);
+        let busiest = |count: fn(&Window) -> u32| {
+            plan.windows
+                .iter()
+                .map(count)
+                .max()
+                .unwrap_or(1)
+                .clamp(1, cap)
+        };
+        let workgroups = busiest(|w| w.chunk_end - w.chunk_begin);
+        let flat_workgroups = busiest(|w| w.flat_end - w.flat_begin);
 
         let uniform_stride = align_up(
             size_of::<ClipConfig>().max(size_of::<WindowInfo>()) as u64,
             limits.min_uniform_buffer_offset_alignment as u64,
         );
+        let empty = Window {
+            buffer: 0,
+            byte_offset: 0,
+            bytes: 0,
+            chunk_begin: 0,
+            chunk_end: 0,
+            flat_begin: 0,
+            flat_end: 0,
+        };
         let window_infos: Vec<WindowInfo> = plan
             .windows
             .iter()
-            .map(|w| (w.chunk_begin, w.chunk_end))
-            .chain(plan.windows.is_empty().then_some((0, 0)))
-            .map(|(chunk_begin, chunk_end)| WindowInfo {
-                chunk_begin,
-                chunk_end,
+            .chain(plan.windows.is_empty().then_some(&empty))
+            .map(|w| WindowInfo {
+                chunk_begin: w.chunk_begin,
+                chunk_end: w.chunk_end,
                 chunk_count: chunk_count as u32,
                 workgroups,
                 tensor_count: tensor_count as u32,
+                flat_begin: chunk_count as u32 + w.flat_begin,
+                flat_end: chunk_count as u32 + w.flat_end,
+                flat_count: flat_count as u32,
+                flat_workgroups,
             })
             .collect();
         let config_base = window_infos.len() as u64 * uniform_stride;
@@ -189,22 +207,21 @@ impl GradSet {
             stats_bytes.extend_from_slice(bytemuck::bytes_of(&stat));
         }
         // Empty tables still need a non-empty binding.
-        let chunk_bytes: Vec<u8> = if plan.chunks.is_empty() {
-            bytemuck::bytes_of(&Chunk::default()).to_vec()
-        } else {
-            bytemuck::cast_slice(&plan.chunks).to_vec()
-        };
+        let mut table: Vec<Chunk> = plan.chunks.iter().chain(&plan.flat).copied().collect();
+        if table.is_empty() {
+            table.push(Chunk::default());
+        }
 
         let catch = Catch::begin(device);
         let storage = wgpu::BufferUsages::STORAGE;
         let chunks = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some("gradclip chunk table"),
-            contents: &chunk_bytes,
+            contents: bytemuck::cast_slice(&table),
             usage: storage,
         });
         let partials = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("gradclip partials"),
-            size: chunk_count.max(1) * size_of::<Partial>() as u64,
+            size: table_len.max(1) * size_of::<Partial>() as u64,
             usage: storage,
             mapped_at_creation: false,
         });
@@ -293,6 +310,7 @@ impl GradSet {
             uniform_stride,
             config_base,
             workgroups,
+            flat_workgroups,
             configs: Mutex::new(ConfigCache::default()),
             reports,
             steps: Mutex::new(0),
@@ -387,12 +405,24 @@ impl GradSet {
         })
     }
 
+    /// The workgroups the shaders stride with for `config` (WGSL's
+    /// `stride_workgroups()`): per-tensor chunks when per-tensor results are
+    /// asked for, flat chunks otherwise.
+    fn workgroups_for(&self, config: &ClipConfig) -> u32 {
+        if config.flags & (CFG_TENSOR_NORMS | CFG_PER_TENSOR) != 0 {
+            self.workgroups
+        } else {
+            self.flat_workgroups
+        }
+    }
+
     /// The reduce dispatches (one per window) and the finalize dispatch;
     /// timestamps 0, 1 (inside the pass, where the device can) and 2.
     fn encode_norm(
         &self,
         encoder: &mut wgpu::CommandEncoder,
         reduction: Reduction,
+        config: &ClipConfig,
         offset: u32,
         timing: Timing<'_>,
     ) {
@@ -402,7 +432,7 @@ impl GradSet {
             pass.set_pipeline(pipelines.reduce(reduction));
             for bind_group in &self.bind_groups {
                 pass.set_bind_group(0, bind_group, &[offset]);
-                pass.dispatch_workgroups(self.workgroups, 1, 1);
+                pass.dispatch_workgroups(self.workgroups_for(config), 1, 1);
             }
         }
         if let Some((query_set, first)) = timing {
@@ -542,7 +572,7 @@ impl GradSet {
     ) -> Result<()> {
         let (reduction, config) = clip.to_record()?;
         let offset = self.config_offset(config);
-        self.encode_norm(encoder, reduction, offset, timing);
+        self.encode_norm(encoder, reduction, &config, offset, timing);
         self.encode_scale(encoder, offset, timing);
         self.record_report(encoder, &config, clip);
         Ok(())
@@ -575,7 +605,7 @@ impl GradSet {
         let (reduction, mut config) = clip.to_record()?;
         config.flags |= CFG_NO_SCALE;
         let offset = self.config_offset(config);
-        self.encode_norm(encoder, reduction, offset, None);
+        self.encode_norm(encoder, reduction, &config, offset, None);
         self.record_report(encoder, &config, clip);
         Ok(())
     }
@@ -690,7 +720,7 @@ impl GradSet {
         pass.set_pipeline(&self.inner.pipelines.clamp);
         for bind_group in &self.bind_groups {
             pass.set_bind_group(0, bind_group, &[offset]);
-            pass.dispatch_workgroups(self.workgroups, 1, 1);
+            pass.dispatch_workgroups(self.flat_workgroups, 1, 1);
         }
         Ok(())
     }

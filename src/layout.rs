@@ -112,14 +112,49 @@ pub(crate) struct Window {
     pub bytes: u64,
     pub chunk_begin: u32,
     pub chunk_end: u32,
+    /// This window's range in `Plan::flat`.
+    pub flat_begin: u32,
+    pub flat_end: u32,
 }
 
-/// The chunk table, the windows, and each tensor's chunk range.
+/// The chunk tables, the windows, and each tensor's chunk range.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Plan {
+    /// Chunks that each belong to one tensor (for per-tensor results).
     pub chunks: Vec<Chunk>,
+    /// The same elements cut without regard to tensor boundaries: adjacent
+    /// tensors of a window merge into runs, so that a clip of the global
+    /// norm over thousands of small tensors costs what one tensor costs.
+    /// Runs never bridge a gap between tensors (foreign data lives there).
+    pub flat: Vec<Chunk>,
     pub windows: Vec<Window>,
     pub tensor_chunks: Vec<(u32, u32)>,
+}
+
+/// Marks a flat chunk, which belongs to no single tensor.
+pub(crate) const NO_TENSOR: u32 = u32::MAX;
+
+/// Merges a window's per-tensor chunks (in increasing `start` order) into
+/// runs of contiguous elements, recut at `chunk_elements`.
+fn flat_chunks(chunks: &[Chunk], chunk_elements: u32, out: &mut Vec<Chunk>) {
+    let mut runs: Vec<(u32, u32)> = Vec::new();
+    for c in chunks {
+        match runs.last_mut() {
+            Some((_, end)) if *end == c.start => *end += c.len,
+            _ => runs.push((c.start, c.start + c.len)),
+        }
+    }
+    for (mut start, end) in runs {
+        while start < end {
+            let len = (end - start).min(chunk_elements);
+            out.push(Chunk {
+                start,
+                len,
+                tensor: NO_TENSOR,
+            });
+            start += len;
+        }
+    }
 }
 
 fn count_u32(what: &'static str, n: usize) -> Result<u32> {
@@ -179,6 +214,8 @@ pub(crate) fn plan(
                     bytes: 0,
                     chunk_begin: n,
                     chunk_end: n,
+                    flat_begin: 0,
+                    flat_end: 0,
                 });
             }
             let w = windows.last_mut().expect("a window was just ensured");
@@ -196,8 +233,19 @@ pub(crate) fn plan(
         }
         tensor_chunks[t] = (first, count_u32("chunk count", chunks.len())?);
     }
+    let mut flat = Vec::new();
+    for w in &mut windows {
+        w.flat_begin = count_u32("chunk count", flat.len())?;
+        flat_chunks(
+            &chunks[w.chunk_begin as usize..w.chunk_end as usize],
+            chunk_elements,
+            &mut flat,
+        );
+        w.flat_end = count_u32("chunk count", flat.len())?;
+    }
     Ok(Plan {
         chunks,
+        flat,
         windows,
         tensor_chunks,
     })
@@ -230,6 +278,23 @@ mod tests {
                 covered[c.tensor as usize].extend(first..first + c.len as u64);
             }
         }
+        // The flat chunks cover exactly the same elements of each window.
+        for w in &plan.windows {
+            let elements = |chunks: &[Chunk]| {
+                let mut v: Vec<u32> = chunks
+                    .iter()
+                    .flat_map(|c| c.start..c.start + c.len)
+                    .collect();
+                v.sort_unstable();
+                v
+            };
+            let flat = &plan.flat[w.flat_begin as usize..w.flat_end as usize];
+            assert!(flat.iter().all(|c| c.len >= 1 && c.tensor == NO_TENSOR));
+            assert_eq!(
+                elements(flat),
+                elements(&plan.chunks[w.chunk_begin as usize..w.chunk_end as usize])
+            );
+        }
         for (t, cover) in covered.iter().enumerate() {
             assert_eq!(
                 *cover,
@@ -261,6 +326,16 @@ mod tests {
             });
         let plan = plan(&layout, &placements, 8, 256, 256).unwrap();
         check_cover(&layout, &placements, &plan, 256);
+    }
+
+    #[test]
+    fn small_adjacent_tensors_share_flat_chunks() {
+        let layout = GradLayout::from_sizes(&[3; 1000]).unwrap();
+        let placements = packed(&layout);
+        let plan = plan(&layout, &placements, 256, 1 << 20, 256).unwrap();
+        assert_eq!(plan.chunks.len(), 1000);
+        assert_eq!(plan.flat.len(), 12); // 3000 elements in runs of at most 256
+        check_cover(&layout, &placements, &plan, 1 << 20);
     }
 
     #[test]

@@ -42,6 +42,10 @@ pub struct WindowInfo {
     pub chunk_count: u32,
     pub workgroups: u32,
     pub tensor_count: u32,
+    pub flat_begin: u32,
+    pub flat_end: u32,
+    pub flat_count: u32,
+    pub flat_workgroups: u32,
 }
 
 /// WGSL `ClipConfig`: one clip's parameters.
@@ -122,7 +126,11 @@ pub fn layouts() -> Vec<RecordLayout> {
             chunk_end,
             chunk_count,
             workgroups,
-            tensor_count
+            tensor_count,
+            flat_begin,
+            flat_end,
+            flat_count,
+            flat_workgroups
         }),
         record!(ClipConfig {
             semantics,
