@@ -749,7 +749,9 @@ impl GradSet {
     /// # Ok::<(), gradclip::Error>(()) }).unwrap();
     /// ```
     pub async fn read_report(&self) -> Result<ClipReport> {
-        self.reports.latest(&self.inner.device).await
+        self.reports
+            .latest(&self.inner.device, &self.inner.queue)
+            .await
     }
 
     /// Every report that came back since the last call, oldest first: one
@@ -777,6 +779,8 @@ impl GradSet {
     /// # Ok::<(), gradclip::Error>(()) }).unwrap();
     /// ```
     pub async fn take_reports(&self) -> Result<Vec<ClipReport>> {
-        self.reports.take_all(&self.inner.device).await
+        self.reports
+            .take_all(&self.inner.device, &self.inner.queue)
+            .await
     }
 }

@@ -70,15 +70,10 @@ enum Status {
 }
 
 #[derive(Debug)]
-struct Shared {
-    status: Mutex<Status>,
-    done: futures_intrusive::sync::ManualResetEvent,
-}
-
-#[derive(Debug)]
 struct Slot {
     buffer: wgpu::Buffer,
-    shared: Arc<Shared>,
+    /// Shared with the map callback.
+    status: Arc<Mutex<Status>>,
 }
 
 #[derive(Debug, Default)]
@@ -123,10 +118,7 @@ impl ReportRing {
                     usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                     mapped_at_creation: false,
                 }),
-                shared: Arc::new(Shared {
-                    status: Mutex::new(Status::Idle),
-                    done: futures_intrusive::sync::ManualResetEvent::new(false),
-                }),
+                status: Arc::new(Mutex::new(Status::Idle)),
             })
             .collect();
         Self {
@@ -151,7 +143,7 @@ impl ReportRing {
         let preferred = (step as usize) % SLOTS;
         let free = (0..SLOTS)
             .map(|k| (preferred + k) % SLOTS)
-            .find(|&i| !matches!(*lock(&self.slots[i].shared.status), Status::Pending(_)));
+            .find(|&i| !matches!(*lock(&self.slots[i].status), Status::Pending(_)));
         let Some(i) = free else {
             log::warn!(
                 "gradclip: all {SLOTS} report buffers are in flight; step {step} has no report"
@@ -165,13 +157,12 @@ impl ReportRing {
             with_tensors: with_tensors && self.tensor_count > 0,
         };
         {
-            let mut status = lock(&slot.shared.status);
+            let mut status = lock(&slot.status);
             if matches!(*status, Status::Ready(_)) {
                 // Read back but never taken: the ring overwrites its oldest.
                 slot.buffer.unmap();
             }
             *status = Status::Pending(meta.clone());
-            slot.shared.done.reset();
         }
         let size = if meta.with_tensors {
             slot.buffer.size()
@@ -179,9 +170,9 @@ impl ReportRing {
             STATS_HEAD_SIZE
         };
         encoder.copy_buffer_to_buffer(stats, 0, &slot.buffer, 0, size);
-        let shared = slot.shared.clone();
+        let shared = slot.status.clone();
         encoder.map_buffer_on_submit(&slot.buffer, wgpu::MapMode::Read, ..size, move |result| {
-            let mut status = lock(&shared.status);
+            let mut status = lock(&shared);
             // A reader may have taken this report already (natively it reads
             // a mapped buffer without waiting for the callback) and the slot
             // may hold a newer step by now: then there is nothing to do.
@@ -190,39 +181,45 @@ impl ReportRing {
                     Ok(()) => Status::Ready(meta),
                     Err(e) => Status::Failed(e.to_string()),
                 };
-                shared.done.set();
             }
         });
         *lock(&self.latest_slot) = Some(i);
     }
 
     /// Waits for the latest recorded step's report where that is possible.
-    async fn wait(&self, device: &wgpu::Device) -> Result<()> {
+    async fn wait(&self, device: &wgpu::Device, queue: &wgpu::Queue) -> Result<()> {
         let latest = (*lock(&self.latest_slot)).ok_or(Error::NoReport)?;
         #[cfg(not(target_arch = "wasm32"))]
         {
             // Natively callbacks run inside poll: drive the device until all
             // submitted work is done. The latest slot may still be pending if
             // its encoder was not submitted; older reports are used then.
-            let _ = latest;
+            let _ = (latest, queue);
             device
                 .poll(wgpu::PollType::wait_indefinitely())
                 .map_err(|e| Error::Wgpu(e.to_string()))?;
         }
         #[cfg(target_arch = "wasm32")]
         {
-            // In the browser the map callback fires from the event loop once
-            // the submission completes.
-            let _ = device;
-            let shared = self.slots[latest].shared.clone();
-            shared.done.wait().await;
+            // In the browser callbacks fire from the event loop. Waiting for
+            // the latest slot's own map would hang if its encoder was never
+            // submitted; waiting for all work submitted so far cannot, and
+            // the maps of those submissions resolve first. A second round
+            // lets a map callback queued in the same turn run before we look.
+            let _ = (device, latest);
+            for _ in 0..2 {
+                let done = Arc::new(futures_intrusive::sync::ManualResetEvent::new(false));
+                let signal = done.clone();
+                queue.on_submitted_work_done(move || signal.set());
+                done.wait().await;
+            }
         }
         Ok(())
     }
 
     /// The report of the latest recorded step that was submitted.
-    pub async fn latest(&self, device: &wgpu::Device) -> Result<ClipReport> {
-        self.wait(device).await?;
+    pub async fn latest(&self, device: &wgpu::Device, queue: &wgpu::Queue) -> Result<ClipReport> {
+        self.wait(device, queue).await?;
         self.collect()?;
         let arrived = lock(&self.arrived);
         arrived
@@ -233,8 +230,12 @@ impl ReportRing {
     }
 
     /// Every report that came back and was not taken yet, oldest first.
-    pub async fn take_all(&self, device: &wgpu::Device) -> Result<Vec<ClipReport>> {
-        self.wait(device).await?;
+    pub async fn take_all(
+        &self,
+        device: &wgpu::Device,
+        queue: &wgpu::Queue,
+    ) -> Result<Vec<ClipReport>> {
+        self.wait(device, queue).await?;
         self.collect()?;
         let queue = std::mem::take(&mut lock(&self.arrived).queue);
         Ok(queue.into_values().map(|(report, _)| report).collect())
@@ -244,7 +245,7 @@ impl ReportRing {
     fn collect(&self) -> Result<()> {
         let mut failure = None;
         for slot in &self.slots {
-            let mut status = lock(&slot.shared.status);
+            let mut status = lock(&slot.status);
             let meta = match &*status {
                 Status::Ready(meta) => meta.clone(),
                 // Natively a buffer mapped before its callback ran is done; an

@@ -82,6 +82,32 @@ async fn default_device_and_async_reports() {
             "element {i}: {got}, want {want}"
         );
     }
+
+    // A step recorded but not yet submitted: the latest submitted report
+    // stands (waiting for the unsubmitted step's map would never end), and
+    // once submitted, its report is the latest.
+    let mut pending = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+        label: Some("step 4, submitted late"),
+    });
+    set.clip_norm(&mut pending, &ClipNorm::new(1.0)).unwrap();
+    assert_eq!(set.read_report().await.expect("report").step, 3);
+    queue.submit([pending.finish()]);
+    assert_eq!(set.read_report().await.expect("report").step, 4);
+    // Every report of a run of steps, in order, without waiting in between.
+    for _ in 0..5 {
+        let mut encoder = device.create_command_encoder(&Default::default());
+        set.clip_norm(&mut encoder, &ClipNorm::new(1.0)).unwrap();
+        queue.submit([encoder.finish()]);
+    }
+    let steps: Vec<u64> = set
+        .take_reports()
+        .await
+        .expect("reports")
+        .iter()
+        .map(|r| r.step)
+        .collect();
+    assert_eq!(steps, [1, 2, 3, 4, 5, 6, 7, 8, 9]);
+
     if let Some(e) = scope.pop().await {
         panic!("WebGPU validation error: {e}");
     }
