@@ -132,6 +132,10 @@ impl Clipper {
     /// Fails with [`Error::UnsupportedDevice`] on a device without compute
     /// shaders or with fewer than 4 storage buffers per stage (WebGL2, say),
     /// and with [`Error::Wgpu`] if wgpu rejects an object.
+    // In the browser wgpu's objects are neither Send nor Sync, and need not
+    // be: there is one thread. The Arc only shares them between a Clipper
+    // and its GradSets.
+    #[cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
     pub fn new(device: &wgpu::Device, queue: &wgpu::Queue) -> Result<Self> {
         let limits = device.limits();
         check_limit(
