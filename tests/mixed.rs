@@ -249,6 +249,10 @@ fn norms_of_random_16_bit_data_match_float64() {
                 let (report, _, paths) = run(&clipper, ty, &SIZES, &bits, &clip, None);
                 assert_eq!(paths, [expected_path(name, ty)]);
                 let want = reference::norm(&values, order);
+                if matches!(order, Order::Inf) {
+                    // Exact: the decoded largest magnitude, bit for bit.
+                    assert_eq!(report.total_norm as f64, want, "{ty:?} {name} Inf");
+                }
                 assert!(
                     rel_diff(report.total_norm as f64, want) <= 1e-5,
                     "{ty:?} {name} {order:?}: got {}, want {want}",
@@ -317,6 +321,80 @@ fn clipped_16_bit_gradients_are_rounded_to_nearest_even_within_one_ulp() {
             );
         }
     }
+}
+
+/// Clamp bounds are f32s; a clamped element is the bound rounded to the
+/// element type, so `clip_value` shows the encoder's rounding exactly,
+/// halfway cases included (the scale pass's products rarely land on one).
+#[test]
+fn clamped_bounds_round_to_nearest_even_exactly() {
+    let g = gpu();
+    let p = |e: i32| 2f32.powi(e);
+    let mut bounds: Vec<(Half, f32)> = [
+        1.0 + p(-11),       // halfway, even below
+        1.0 + 3.0 * p(-11), // halfway, even above
+        1.5 * p(-24),       // subnormal halfway: up to 2^-23
+        p(-25),             // halfway to the smallest subnormal: 0
+        p(-25) * 1.0001,    // just above: 2^-24
+        1023.5 * p(-24),    // largest subnormal / smallest normal halfway
+        65519.996,          // below the overflow halfway: 65504
+        65520.0,            // halfway past 65504 (odd): inf
+        0.1,
+        3.0e-5,
+    ]
+    .iter()
+    .map(|&b| (Half::F16, b))
+    .collect();
+    bounds.extend(
+        [
+            1.0 + p(-8),                 // halfway, even below
+            1.0 + 3.0 * p(-8),           // halfway, even above
+            f32::from_bits(0x7f7f_8000), // halfway past bf16's largest (odd): inf
+            f32::from_bits(0x0000_8000), // subnormal halfway
+            f32::from_bits(0x0001_8000),
+            0.1,
+        ]
+        .iter()
+        .map(|&b| (Half::Bf16, b)),
+    );
+    let mut rng = Rng(4242);
+    for ty in [Half::F16, Half::Bf16] {
+        for _ in 0..24 {
+            // Random f32s in the type's range, many with long mantissas.
+            let e = if ty == Half::F16 {
+                (rng.next() % 42) as i32 - 26
+            } else {
+                (rng.next() % 250) as i32 - 130
+            };
+            let m = 1.0 + (rng.next() >> 40) as f32 / (1u64 << 24) as f32;
+            bounds.push((ty, m * p(e)));
+        }
+    }
+    for (name, clipper) in clippers() {
+        for &(ty, b) in &bounds {
+            let inf = ty.exponent_mask();
+            let bits = [inf, 0x8000 | inf, ty.max_bits(), 0x8000 | ty.max_bits()];
+            let buf = buffer(bytemuck::cast_slice(&bits));
+            let set = clipper
+                .bind_as(&buf, &GradLayout::from_sizes(&[4]).unwrap(), ty.grad_type())
+                .unwrap();
+            let mut encoder = g.device.create_command_encoder(&Default::default());
+            set.clip_value(&mut encoder, -b, b).unwrap();
+            g.queue.submit([encoder.finish()]);
+            let after: Vec<u16> = bytemuck::cast_slice(&read_bytes(&buf)).to_vec();
+            let want = match ty {
+                Half::F16 => [f16::from_f32(b).to_bits(), f16::from_f32(-b).to_bits()],
+                Half::Bf16 => [bf16::from_f32(b).to_bits(), bf16::from_f32(-b).to_bits()],
+            };
+            assert_eq!(
+                [after[0], after[1]],
+                want,
+                "{ty:?} {name}: bound {b:e} ({:#010x})",
+                b.to_bits()
+            );
+        }
+    }
+    assert_no_wgpu_errors();
 }
 
 #[test]
