@@ -898,3 +898,148 @@ fn misuse_of_16_bit_ranges_and_scalers_is_an_error() {
     );
     assert_no_wgpu_errors();
 }
+
+#[test]
+fn per_tensor_clipping_divides_each_coefficient_by_the_scale() {
+    let sizes = [3000, 501, 7000];
+    let scale = 512.0f32;
+    let mut rng = Rng(77);
+    let mut bits = Vec::new();
+    for (t, &n) in sizes.iter().enumerate() {
+        let magnitude = [0.001, 0.5, 0.05][t] * scale as f64;
+        bits.extend((0..n).map(|_| {
+            let u = (rng.next() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0;
+            Half::F16.encode(u * magnitude)
+        }));
+    }
+    let layout = GradLayout::from_sizes(&sizes).unwrap();
+    let clip = ClipNorm::new(1.0).per_tensor(true).unscale(true);
+    for (name, clipper) in clippers() {
+        let (report, after, _) = run(
+            &clipper,
+            Half::F16,
+            &sizes,
+            &bits,
+            &clip,
+            Some(&LossScaler::new().init_scale(scale)),
+        );
+        for t in 0..sizes.len() {
+            let r = layout.range(t);
+            let tensor = &bits[r.start as usize..r.end as usize];
+            let norm = reference::norm(&decoded(Half::F16, tensor), Order::L2) / scale as f64;
+            let coef = reference::torch_coefficient(norm, 1.0);
+            assert!(
+                rel_diff(report.tensor_norms[t] as f64, norm) <= 1e-5,
+                "{name} tensor {t}"
+            );
+            assert!(
+                rel_diff(report.tensor_coefficients[t] as f64, coef / scale as f64) <= 1e-5,
+                "{name} tensor {t}: the factor applied is clip / S"
+            );
+            for (i, &g) in tensor.iter().enumerate() {
+                let want = Half::F16.encode(Half::F16.decode(g) / scale as f64 * coef);
+                let got = after[r.start as usize + i];
+                assert!(
+                    ulps(got, want) <= 1,
+                    "{name} tensor {t} element {i}: {got:#x} vs {want:#x}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn sharded_unscaling_clip_agrees_across_ranks() {
+    // Two ranks (f16 and bf16 shards) exchange raw partials; each unscales
+    // the combined one, so all reach the same norm, found_inf and scale.
+    let g = gpu();
+    let scale = 4096.0f32;
+    for inject in [false, true] {
+        let a: Vec<u16> = (0..4001)
+            .map(|i| Half::F16.encode(((i % 17) as f64 - 8.0) * 300.0))
+            .collect();
+        let mut b: Vec<u16> = (0..2000)
+            .map(|i| Half::Bf16.encode(((i % 5) as f64 - 2.0) * 900.0))
+            .collect();
+        if inject {
+            b[1500] = 0xff80; // -inf on rank 1 only
+        }
+        let mut a_padded = a.clone();
+        a_padded.push(0);
+        let shards = [
+            (Half::F16, a_padded, 4001usize),
+            (Half::Bf16, b.clone(), 2000),
+        ];
+        let buffers: Vec<wgpu::Buffer> = shards
+            .iter()
+            .map(|s| buffer(bytemuck::cast_slice(&s.1)))
+            .collect();
+        let sets: Vec<gradclip::GradSet> = shards
+            .iter()
+            .zip(&buffers)
+            .map(|(s, buf)| {
+                let set = g
+                    .clipper
+                    .bind_as(
+                        buf,
+                        &GradLayout::from_sizes(&[s.2]).unwrap(),
+                        s.0.grad_type(),
+                    )
+                    .unwrap();
+                set.set_loss_scaler(&LossScaler::new().init_scale(scale))
+                    .unwrap();
+                set
+            })
+            .collect();
+        let clip = ClipNorm::new(1.0);
+        let mut partials = Vec::new();
+        for set in &sets {
+            let mut encoder = g.device.create_command_encoder(&Default::default());
+            set.record_norm(&mut encoder, &clip).unwrap();
+            g.queue.submit([encoder.finish()]);
+            partials.push(pollster::block_on(set.read_report()).unwrap().partial);
+        }
+        let combined = gradclip::NormPartial::combine(&partials, gradclip::Norm::L2).unwrap();
+        let source = g
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("combined partial"),
+                contents: &combined.to_bytes(),
+                usage: wgpu::BufferUsages::COPY_SRC,
+            });
+        let all: Vec<f32> = decoded(Half::F16, &a)
+            .into_iter()
+            .chain(decoded(Half::Bf16, &b))
+            .collect();
+        let norm = reference::norm(&all, Order::L2) / scale as f64;
+        for (rank, set) in sets.iter().enumerate() {
+            let mut encoder = g.device.create_command_encoder(&Default::default());
+            set.clip_with_partial(&mut encoder, &clip.unscale(true), &source, 0)
+                .unwrap();
+            g.queue.submit([encoder.finish()]);
+            let report = pollster::block_on(set.read_report()).unwrap();
+            let what = format!("rank {rank}, inf injected: {inject}");
+            assert_eq!(report.found_inf, inject, "{what}");
+            assert_eq!(
+                report.loss_scale,
+                if inject { scale / 2.0 } else { scale },
+                "{what}"
+            );
+            assert_eq!(report.unscaled_by, scale, "{what}");
+            if inject {
+                assert_eq!(report.coefficient, 1.0, "{what}");
+                let after: Vec<u16> = bytemuck::cast_slice(&read_bytes(&buffers[rank])).to_vec();
+                assert_eq!(
+                    after[..shards[rank].2],
+                    shards[rank].1[..shards[rank].2],
+                    "{what}: untouched"
+                );
+            } else {
+                assert!(rel_diff(report.total_norm as f64, norm) <= 1e-5, "{what}");
+                let coef = reference::torch_coefficient(norm, 1.0) / scale as f64;
+                assert!(rel_diff(report.coefficient as f64, coef) <= 1e-5, "{what}");
+            }
+        }
+    }
+    assert_no_wgpu_errors();
+}
