@@ -1043,3 +1043,38 @@ fn sharded_unscaling_clip_agrees_across_ranks() {
     }
     assert_no_wgpu_errors();
 }
+
+#[test]
+fn unscaling_works_for_every_norm_order() {
+    let bits = finite_bits(Half::F16, 9000, 5150);
+    let values = decoded(Half::F16, &bits);
+    for scale in [65536.0f32, 0.75] {
+        for order in [Order::L2, Order::Inf, Order::P(1.0), Order::P(3.0)] {
+            for (name, clipper) in clippers() {
+                let clip = ClipNorm::new(1.0).norm(order.to_norm()).unscale(true);
+                let scaler = LossScaler::new().init_scale(scale);
+                let (report, ..) = run(
+                    &clipper,
+                    Half::F16,
+                    &[4000, 5000],
+                    &bits,
+                    &clip,
+                    Some(&scaler),
+                );
+                let want = reference::norm(&values, order) / scale as f64;
+                let what = format!("{name} {order:?} S={scale}");
+                if matches!(order, Order::Inf) && scale == 65536.0 {
+                    // Exponent arithmetic: exact for a power-of-two scale.
+                    assert_eq!(report.total_norm as f64, want, "{what}");
+                }
+                assert!(
+                    rel_diff(report.total_norm as f64, want) <= 1e-5,
+                    "{what}: {} vs {want}",
+                    report.total_norm
+                );
+                let coef = reference::torch_coefficient(want, 1.0) / scale as f64;
+                assert!(rel_diff(report.coefficient as f64, coef) <= 1e-5, "{what}");
+            }
+        }
+    }
+}
