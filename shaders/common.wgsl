@@ -118,7 +118,8 @@ struct TensorStat {
 }
 
 // Everything finalize leaves on the GPU; `state` comes first so that
-// optimizers can bind the first 32 bytes alone.
+// optimizers and loss shaders can bind its 48 bytes alone (at offset 0, which
+// satisfies any storage offset alignment).
 struct Stats {
     state: ClipState,
     partial: Partial,

@@ -161,6 +161,17 @@ impl Clipper {
     /// `u32` path ([`ElementPath::F16Packed`]) that GL and WebGPU without
     /// `shader-f16` take, even where the device has `SHADER_F16`: to test
     /// that path on any adapter, or to compare the two.
+    ///
+    /// ```
+    /// # let (device, queue, _) = pollster::block_on(gradclip::default_device())?;
+    /// use gradclip::{Clipper, ElementPath};
+    /// let auto = Clipper::new(&device, &queue)?;
+    /// let native = device.features().contains(wgpu::Features::SHADER_F16);
+    /// assert_eq!(auto.f16_path() == ElementPath::F16Native, native);
+    /// let packed = Clipper::without_shader_f16(&device, &queue)?;
+    /// assert_eq!(packed.f16_path(), ElementPath::F16Packed);
+    /// # Ok::<(), gradclip::Error>(())
+    /// ```
     pub fn without_shader_f16(device: &wgpu::Device, queue: &wgpu::Queue) -> Result<Self> {
         Self::create(device, queue, false)
     }

@@ -335,6 +335,19 @@ impl GradSet {
     /// [`ElementPath::F16Packed`] on GL, or with
     /// [`Clipper::without_shader_f16`](crate::Clipper::without_shader_f16)).
     /// Empty for a layout without elements.
+    ///
+    /// ```
+    /// # let (device, queue, _) = pollster::block_on(gradclip::default_device())?;
+    /// use gradclip::{ElementPath, GradLayout, GradType};
+    /// let clipper = gradclip::Clipper::without_shader_f16(&device, &queue)?;
+    /// let grads = device.create_buffer(&wgpu::BufferDescriptor {
+    ///     label: Some("f16 grads"), size: 64, usage: wgpu::BufferUsages::STORAGE,
+    ///     mapped_at_creation: false });
+    /// let set = clipper.bind_as(&grads, &GradLayout::from_sizes(&[31])?, GradType::F16)?;
+    /// assert_eq!(set.element_paths(), [ElementPath::F16Packed]);
+    /// assert_eq!(set.element_paths()[0].grad_type(), GradType::F16);
+    /// # Ok::<(), gradclip::Error>(())
+    /// ```
     pub fn element_paths(&self) -> &[ElementPath] {
         &self.paths
     }
