@@ -1078,3 +1078,88 @@ fn unscaling_works_for_every_norm_order() {
         }
     }
 }
+
+#[test]
+fn sixteen_bit_buffers_split_into_windows_on_word_boundaries() {
+    // A device binding at most 1 MiB: a 3 M-element 16-bit buffer is cut
+    // into several windows, with odd-sized tensors straddling boundaries.
+    let (adapter_device, _, _) = pollster::block_on(gradclip::default_device()).unwrap();
+    let mut limits = adapter_device.limits();
+    let features = adapter_device.features();
+    drop(adapter_device);
+    limits.max_storage_buffer_binding_size = 1 << 20;
+    let instance =
+        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let adapter = pollster::block_on(wgpu::util::initialize_adapter_from_env_or_default(
+        &instance, None,
+    ))
+    .unwrap();
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some("small-binding device"),
+        required_limits: limits,
+        required_features: features & wgpu::Features::SHADER_F16,
+        ..Default::default()
+    }))
+    .unwrap();
+    common::watch_errors(&device);
+    let sizes = [524_287, 524_289, 1, 1_000_001, 0, 950_711];
+    let layout = GradLayout::from_sizes(&sizes).unwrap();
+    let n: usize = sizes.iter().sum();
+    for ty in [Half::F16, Half::Bf16] {
+        let bits: Vec<u16> = finite_bits(ty, n, 31 + ty as u64)
+            .into_iter()
+            .map(|b| b & !0x4000) // magnitudes below 2: no single element dominates
+            .collect();
+        let values = decoded(ty, &bits);
+        let norm = reference::norm(&values, Order::L2);
+        let max_norm = (norm / 2.0) as f32;
+        for clipper in [
+            gradclip::Clipper::new(&device, &queue).unwrap(),
+            gradclip::Clipper::without_shader_f16(&device, &queue).unwrap(),
+        ] {
+            const PAD: u16 = 0x7e01;
+            let packed = pack(&layout, ty, &bits, PAD);
+            let buf = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("windowed 16-bit gradients"),
+                contents: bytemuck::cast_slice(&packed),
+                usage: GRAD_USAGE,
+            });
+            let set = clipper.bind_as(&buf, &layout, ty.grad_type()).unwrap();
+            let what = format!("{ty:?} {:?}", set.element_paths());
+            assert!(
+                set.window_count() >= 6,
+                "{what}: {} windows",
+                set.window_count()
+            );
+            let mut encoder = device.create_command_encoder(&Default::default());
+            set.clip_norm(&mut encoder, &ClipNorm::new(max_norm))
+                .unwrap();
+            queue.submit([encoder.finish()]);
+            let report = pollster::block_on(set.read_report()).unwrap();
+            assert!(rel_diff(report.total_norm as f64, norm) <= 1e-5, "{what}");
+            let words = common::download(&device, &queue, &buf, packed.len().div_ceil(2));
+            let after_packed: Vec<u16> = bytemuck::cast_slice(&words)[..packed.len()].to_vec();
+            for t in 0..layout.len() {
+                let p = layout.packed_range(t, ty.grad_type());
+                if p.end % 2 == 1 {
+                    assert_eq!(
+                        after_packed[p.end as usize], PAD,
+                        "{what}: padding of tensor {t}"
+                    );
+                }
+            }
+            let after = unpack(&layout, ty, &after_packed);
+            let coef = report.coefficient as f64;
+            for (i, (&got, &g)) in after.iter().zip(&bits).enumerate() {
+                let want = ty.encode(ty.decode(g) * coef);
+                let close = ulps(got, want) <= 1
+                    || (ty.decode(got) - ty.decode(want)).abs() <= f32::MIN_POSITIVE as f64;
+                assert!(
+                    close,
+                    "{what}: element {i}: got {got:#06x}, want {want:#06x}"
+                );
+            }
+        }
+    }
+    common::assert_no_wgpu_errors();
+}
