@@ -133,6 +133,12 @@ impl ClipNorm {
     /// stored gradients (`clip coefficient / S`), its `total_norm` the
     /// unscaled norm.
     ///
+    /// Every unscaling clip updates `S` (with `record_norm` and
+    /// `clip_with_partial` too), so record exactly one per training step.
+    /// Sharded ranks exchange the partials of the stored values
+    /// (`record_norm` without `unscale`) and unscale in `clip_with_partial`:
+    /// all ranks then reach the same `found_inf` and `S`.
+    ///
     /// ```
     /// let amp = gradclip::ClipNorm::new(1.0).unscale(true);
     /// assert!(amp.unscales());
