@@ -96,8 +96,11 @@ impl LossScaler {
         self.growth_interval
     }
 
-    /// Checks the parameters as GradScaler's constructor does (and that the
-    /// initial scale is a normal f32, which the shaders can divide by).
+    /// Checks the parameters: GradScaler's constructor asserts
+    /// `growth_factor > 1` and `backoff_factor < 1`; this also wants
+    /// `backoff_factor > 0`, `growth_interval >= 1` (GradScaler would never
+    /// grow with 0) and a normal positive initial scale (a subnormal one
+    /// unscales by inf in PyTorch: every step would be skipped).
     pub fn check(&self) -> Result<()> {
         let s = self.init_scale;
         if !s.is_normal() || s < 0.0 {
