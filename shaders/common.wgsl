@@ -1,6 +1,9 @@
 // Declarations shared by every gradclip pass: the one bind-group layout, the
 // records the host writes, and the bit-level float helpers. The host prepends
-// this file to each pass file to make one shader module per pass.
+// this file to each pass file to make one shader module per pass. The
+// gradients binding (@binding(0)) is declared by the element file of the
+// module (elem_*.wgsl), one per element type: the bind-group layout does not
+// care about the array's element type, so all modules share it.
 //
 // WGSL lets compilers assume finite math and flush subnormals, so every test
 // for NaN, inf or a magnitude class is done on the integer bits, never with a
@@ -18,6 +21,7 @@ const SEMANTICS_TENSORFLOW: u32 = 1u;
 const CFG_TENSOR_NORMS: u32 = 1u; // compute every tensor's norm
 const CFG_PER_TENSOR: u32 = 2u;   // clip each tensor by its own norm
 const CFG_NO_SCALE: u32 = 4u;     // norm and coefficient only: leave the gradients alone
+const CFG_UNSCALE: u32 = 8u;      // divide by the loss scale, skip on non-finite, update the scale
 
 // ClipState.nonfinite bits
 const FLAG_INF: u32 = 1u;
@@ -83,17 +87,32 @@ struct ClipConfig {
     _pad: u32,
 }
 
-// The clip's result, written by finalize, read by scale and copied to the host.
+// The clip's result, written by finalize, read by scale and copied to the
+// host. The loss scale lives here too (not in a binding of its own: that
+// would be a fifth storage buffer, more than downlevel devices allow), so an
+// optimizer or loss shader that binds this record alone at offset 0 sees the
+// coefficient, found_inf and the scale for the next backward pass.
 struct ClipState {
-    total_norm: f32,
-    coefficient: f32,
-    nonfinite: u32,
+    total_norm: f32,     // of g / S when unscaling
+    coefficient: f32,    // factor applied to the stored gradients (clip / S when unscaling)
+    nonfinite: u32,      // FLAG_* of the elements
     scale_kind: u32,
     dispatch: array<u32, 3>,  // indirect args of the scale pass
+    found_inf: u32,      // 1: an unscaling clip saw a non-finite element; gradients untouched, skip the step
+    loss_scale: f32,     // S for the next backward pass (after this clip's GradScaler update)
+    unscaled_by: f32,    // S this clip divided by (1 when it did not unscale)
+    growth_tracker: u32, // GradScaler's count of successive finite steps
     _pad: u32,
 }
 
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
+// GradScaler's update rule parameters, written by the host (set_loss_scaler).
+struct ScalerConfig {
+    growth_factor: f32,
+    backoff_factor: f32,
+    growth_interval: u32,
+    _pad: u32,
+}
+
 @group(0) @binding(1) var<storage, read> chunks: array<Chunk>;
 @group(0) @binding(2) var<storage, read_write> partials: array<Partial>;
 // One tensor's chunk range (written by the host) and its norm and
@@ -106,10 +125,12 @@ struct TensorStat {
 }
 
 // Everything finalize leaves on the GPU; `state` comes first so that
-// optimizers can bind the first 32 bytes alone.
+// optimizers and loss shaders can bind its 48 bytes alone (at offset 0, which
+// satisfies any storage offset alignment).
 struct Stats {
     state: ClipState,
     partial: Partial,
+    scaler: ScalerConfig,
     tensors: array<TensorStat>,
 }
 

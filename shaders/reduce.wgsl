@@ -8,9 +8,52 @@
 const TSML_BITS: u32 = 0x20000000u; // 2^-63: below, scale up by 2^86
 const TBIG_BITS: u32 = 0x55800000u; // 2^44: at or above, scale down by 2^-84
 
-// Element i of chunk c with its window offset applied.
-fn chunk_elem(ch: Chunk, i: u32) -> u32 {
-    return bitcast<u32>(grads[ch.start + i]);
+// Adds one element (its f32 bits; 16-bit inputs are decoded exactly to f32
+// first, so one scheme serves every element type) to Blue's three bins.
+fn add_l2(acc: ptr<function, vec3<f32>>, flags: ptr<function, u32>, bits: u32) {
+    let a = bits & ABS_MASK;
+    if a >= EXP_MASK {
+        *flags |= nonfinite_flags(a);
+    } else if a >= TBIG_BITS {
+        let y = bitcast<f32>(a - (84u << 23u)); // |g| * 2^-84, exactly
+        (*acc).z += y * y;
+    } else if a >= TSML_BITS {
+        let y = bitcast<f32>(a);
+        (*acc).y += y * y;
+    } else if a != 0u {
+        // |g| * 2^86 exactly; subnormals are rebuilt from their
+        // mantissa (mant * 2^-149 * 2^86) so that no flush loses them.
+        let y = select(bitcast<f32>(a + (86u << 23u)), f32(a) * 0x1p-63f, a < 0x00800000u);
+        (*acc).x += y * y;
+    }
+}
+
+// The largest finite |g| so far, by the bits (bit order is value order for
+// non-negative floats, so no float compare is needed).
+fn add_inf(best: ptr<function, u32>, flags: ptr<function, u32>, bits: u32) {
+    let a = bits & ABS_MASK;
+    if a >= EXP_MASK {
+        *flags |= nonfinite_flags(a);
+    } else {
+        *best = max(*best, a);
+    }
+}
+
+fn add_p(acc: ptr<function, vec3<f32>>, flags: ptr<function, u32>, bits: u32, p: f32) {
+    let a = bits & ABS_MASK;
+    if a >= EXP_MASK {
+        *flags |= nonfinite_flags(a);
+    } else if a != 0u {
+        let d = decode(a);
+        *acc = merge_p(*acc, vec3(1.0, d.m, f32(d.e)), p);
+    }
+}
+
+// Invocations step over a chunk by units (UNIT elements, one storage word
+// for packed 16-bit types); the second element of a unit exists only when
+// UNIT == 2 and it is inside the chunk (a tensor's odd tail has none).
+fn has_second(i: u32, len: u32) -> bool {
+    return UNIT == 2u && i + 1u < len;
 }
 
 // reduce_l2 — reads: grads (this window's chunks), chunks, win.
@@ -24,21 +67,11 @@ fn reduce_l2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         let ch = chunks[c];
         var acc = vec3<f32>(0.0);
         var flags = 0u;
-        for (var i = t; i < ch.len; i += WG) {
-            let a = chunk_elem(ch, i) & ABS_MASK;
-            if a >= EXP_MASK {
-                flags |= nonfinite_flags(a);
-            } else if a >= TBIG_BITS {
-                let y = bitcast<f32>(a - (84u << 23u)); // |g| * 2^-84, exactly
-                acc.z += y * y;
-            } else if a >= TSML_BITS {
-                let y = bitcast<f32>(a);
-                acc.y += y * y;
-            } else if a != 0u {
-                // |g| * 2^86 exactly; subnormals are rebuilt from their
-                // mantissa (mant * 2^-149 * 2^86) so that no flush loses them.
-                let y = select(bitcast<f32>(a + (86u << 23u)), f32(a) * 0x1p-63f, a < 0x00800000u);
-                acc.x += y * y;
+        for (var i = t * UNIT; i < ch.len; i += WG * UNIT) {
+            let bits = load_unit(ch.start + i);
+            add_l2(&acc, &flags, bits.x);
+            if has_second(i, ch.len) {
+                add_l2(&acc, &flags, bits.y);
             }
         }
         wg_v[t] = acc;
@@ -63,12 +96,11 @@ fn reduce_inf(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         let ch = chunks[c];
         var best = 0u;
         var flags = 0u;
-        for (var i = t; i < ch.len; i += WG) {
-            let a = chunk_elem(ch, i) & ABS_MASK;
-            if a >= EXP_MASK {
-                flags |= nonfinite_flags(a);
-            } else {
-                best = max(best, a);
+        for (var i = t * UNIT; i < ch.len; i += WG * UNIT) {
+            let bits = load_unit(ch.start + i);
+            add_inf(&best, &flags, bits.x);
+            if has_second(i, ch.len) {
+                add_inf(&best, &flags, bits.y);
             }
         }
         wg_v[t] = vec3(bitcast<f32>(best), 0.0, 0.0);
@@ -93,13 +125,11 @@ fn reduce_p(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
         let ch = chunks[c];
         var acc = vec3<f32>(0.0);
         var flags = 0u;
-        for (var i = t; i < ch.len; i += WG) {
-            let a = chunk_elem(ch, i) & ABS_MASK;
-            if a >= EXP_MASK {
-                flags |= nonfinite_flags(a);
-            } else if a != 0u {
-                let d = decode(a);
-                acc = merge_p(acc, vec3(1.0, d.m, f32(d.e)), p);
+        for (var i = t * UNIT; i < ch.len; i += WG * UNIT) {
+            let bits = load_unit(ch.start + i);
+            add_p(&acc, &flags, bits.x, p);
+            if has_second(i, ch.len) {
+                add_p(&acc, &flags, bits.y, p);
             }
         }
         wg_v[t] = acc;

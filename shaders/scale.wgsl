@@ -1,5 +1,7 @@
 // Scale and clamp passes: one read and one write of each gradient element of
-// this window, in place.
+// this window, in place. Elements are decoded to f32 by the element file,
+// transformed in f32 and encoded back in the element type (round to nearest
+// even for 16-bit types); invocations own whole units (storage words).
 
 // Largest finite f32, standing in for an infinite clamp bound so that no
 // infinity reaches float arithmetic.
@@ -57,9 +59,10 @@ fn scale(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
         if per_tensor {
             coef = stats.tensors[ch.tensor].coefficient;
         }
-        for (var i = t; i < ch.len; i += WG) {
+        for (var i = t * UNIT; i < ch.len; i += WG * UNIT) {
             let j = ch.start + i;
-            grads[j] = scaled(grads[j], kind, coef);
+            let g = bitcast<vec2<f32>>(load_unit(j));
+            store_unit(j, min(UNIT, ch.len - i), vec2(scaled(g.x, kind, coef), scaled(g.y, kind, coef)));
         }
     }
 }
@@ -75,9 +78,10 @@ fn clamp_values(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     let stride = stride_workgroups();
     for (var c = range.x + wg.x; c < range.y; c += stride) {
         let ch = chunks[c];
-        for (var i = t; i < ch.len; i += WG) {
+        for (var i = t * UNIT; i < ch.len; i += WG * UNIT) {
             let j = ch.start + i;
-            grads[j] = clamped(grads[j], lo, hi);
+            let g = bitcast<vec2<f32>>(load_unit(j));
+            store_unit(j, min(UNIT, ch.len - i), vec2(clamped(g.x, lo, hi), clamped(g.y, lo, hi)));
         }
     }
 }

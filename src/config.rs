@@ -2,7 +2,8 @@
 
 use crate::error::{Error, Result};
 use crate::records::{
-    ClipConfig, CFG_PER_TENSOR, CFG_TENSOR_NORMS, SEMANTICS_TENSORFLOW, SEMANTICS_TORCH,
+    ClipConfig, CFG_PER_TENSOR, CFG_TENSOR_NORMS, CFG_UNSCALE, SEMANTICS_TENSORFLOW,
+    SEMANTICS_TORCH,
 };
 
 /// The order of the global norm.
@@ -54,6 +55,7 @@ pub struct ClipNorm {
     error_if_nonfinite: bool,
     per_tensor: bool,
     tensor_norms: bool,
+    unscale: bool,
 }
 
 impl ClipNorm {
@@ -68,6 +70,7 @@ impl ClipNorm {
             error_if_nonfinite: false,
             per_tensor: false,
             tensor_norms: false,
+            unscale: false,
         }
     }
 
@@ -115,6 +118,41 @@ impl ClipNorm {
             tensor_norms: on,
             ..self
         }
+    }
+
+    /// With `true`, the clip is PyTorch's `GradScaler.unscale_` + clip +
+    /// `GradScaler.update` in two passes over the gradients: the gradients
+    /// hold `S · g` for the set's loss scale `S` (see
+    /// [`LossScaler`](crate::LossScaler)); the norm is that of `g = stored / S`
+    /// (computed exactly from the stored values, never materialising `g`),
+    /// and the scale pass multiplies by `coefficient / S` in one go. If any
+    /// element is NaN or infinite, `found_inf` is set, the gradients are left
+    /// as they are (the optimizer step is to be skipped) and the report says
+    /// so. Either way finalize then updates `S` with GradScaler's rules, on
+    /// the GPU. The report's `coefficient` is the factor applied to the
+    /// stored gradients (`clip coefficient / S`), its `total_norm` the
+    /// unscaled norm.
+    ///
+    /// Every unscaling clip updates `S` (with `record_norm` and
+    /// `clip_with_partial` too), so record exactly one per training step.
+    /// Sharded ranks exchange the partials of the stored values
+    /// (`record_norm` without `unscale`) and unscale in `clip_with_partial`:
+    /// all ranks then reach the same `found_inf` and `S`.
+    ///
+    /// ```
+    /// let amp = gradclip::ClipNorm::new(1.0).unscale(true);
+    /// assert!(amp.unscales());
+    /// ```
+    pub fn unscale(self, on: bool) -> Self {
+        Self {
+            unscale: on,
+            ..self
+        }
+    }
+
+    /// Whether the clip divides by the loss scale and updates it.
+    pub fn unscales(&self) -> bool {
+        self.unscale
     }
 
     /// Whether each tensor is clipped by its own norm.
@@ -180,7 +218,8 @@ impl ClipNorm {
                         CFG_TENSOR_NORMS
                     } else {
                         0
-                    },
+                    }
+                    | if self.unscale { CFG_UNSCALE } else { 0 },
                 ..ClipConfig::default()
             },
         ))

@@ -4,7 +4,9 @@ use crate::error::{Error, Result};
 
 /// Opens the adapter wgpu picks (honouring `WGPU_BACKEND`, `WGPU_ADAPTER_NAME`
 /// and `WGPU_POWER_PREF`) and a device with that adapter's full limits, so
-/// that large gradient buffers bind in few windows.
+/// that large gradient buffers bind in few windows, and with
+/// `SHADER_F16` where the adapter has it, so that f16 gradients are read
+/// natively.
 ///
 /// Fails with [`Error::Wgpu`] when no adapter is found: a machine without a
 /// GPU still has one through Mesa (llvmpipe on GL, lavapipe on Vulkan).
@@ -25,6 +27,7 @@ pub async fn default_device() -> Result<(wgpu::Device, wgpu::Queue, wgpu::Adapte
         .request_device(&wgpu::DeviceDescriptor {
             label: Some("gradclip device"),
             required_limits: adapter.limits(),
+            required_features: adapter.features() & wgpu::Features::SHADER_F16,
             ..Default::default()
         })
         .await

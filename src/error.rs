@@ -27,8 +27,10 @@ pub enum Error {
     /// Two tensors share bytes of the same buffer.
     #[error("tensors {first} and {second} overlap in their buffer")]
     OverlappingTensors { first: usize, second: usize },
-    /// A tensor's byte offset is not a multiple of 4.
-    #[error("tensor {tensor} starts at byte {offset}, which is not 4-byte aligned")]
+    /// A tensor's byte offset is not a multiple of 4. For 16-bit tensors this
+    /// means an even element: the passes read and write 16-bit elements in
+    /// whole 32-bit words, and a word must never hold two tensors.
+    #[error("tensor {tensor} starts at byte {offset}, which is not 4-byte aligned (16-bit tensors must start at an even element)")]
     MisalignedTensor { tensor: usize, offset: u64 },
     /// The number of buffer ranges differs from the number of tensors, or a
     /// range's size differs from its tensor's.
@@ -43,7 +45,11 @@ pub enum Error {
     /// This operation does not support the requested mode.
     #[error("not supported: {0}")]
     Unsupported(&'static str),
-    /// The layout needs more bytes than the gradient buffer has.
+    /// `LossScaler` parameters outside GradScaler's domain.
+    #[error("invalid loss scaler: {0}")]
+    InvalidLossScaler(&'static str),
+    /// The layout needs more bytes than the gradient buffer has (for a 16-bit
+    /// tensor with an odd element count, up to the end of its last 4-byte word).
     #[error("the layout needs {needed} bytes but the gradient buffer has {buffer_size}")]
     LayoutExceedsBuffer { needed: u64, buffer_size: u64 },
     /// The gradient buffer was created without usages the clip needs.

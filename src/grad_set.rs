@@ -5,16 +5,20 @@ use std::sync::{Arc, Mutex};
 
 use wgpu::util::DeviceExt;
 
-use crate::clipper::Inner;
+use crate::clipper::{ElementPipelines, Inner};
 use crate::config::{clamp_record, ClipNorm, Reduction};
+use crate::dtype::ElementPath;
+use crate::dtype::GradType;
 use crate::error::{Error, Result};
 use crate::gpu_errors::Catch;
 use crate::layout::{plan, GradLayout, Placement, Window};
 use crate::records::{
     Chunk, ClipConfig, ClipState, Partial, TensorStat, WindowInfo, CFG_NO_SCALE, CFG_PER_TENSOR,
     CFG_TENSOR_NORMS, DISPATCH_OFFSET, DISPATCH_SIZE, STATS_HEAD_SIZE, STATS_PARTIAL_OFFSET,
+    STATS_SCALER_OFFSET,
 };
 use crate::report::{ClipReport, ReportRing};
+use crate::scaler::LossScaler;
 
 /// Elements of one chunk: the unit of work of one workgroup in the reduce
 /// and scale passes, and the granularity of the partials.
@@ -36,6 +40,10 @@ pub struct GradSet {
     layout: GradLayout,
     /// One per binding window (one placeholder when there is no element).
     bind_groups: Vec<wgpu::BindGroup>,
+    /// The reduce / scale pipelines of each binding window's element path.
+    window_pipelines: Vec<Arc<ElementPipelines>>,
+    /// The distinct element paths of the windows, sorted.
+    paths: Vec<ElementPath>,
     has_elements: bool,
     stats: wgpu::Buffer,
     indirect: wgpu::Buffer,
@@ -97,6 +105,16 @@ pub(crate) fn require_storage(buffer: &wgpu::Buffer) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// The loss-scale fields of a fresh `ClipState` for `scaler`.
+fn initial_state(scaler: &LossScaler) -> ClipState {
+    ClipState {
+        coefficient: 1.0,
+        loss_scale: scaler.init_scale_value(),
+        unscaled_by: 1.0,
+        ..ClipState::default()
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -162,6 +180,7 @@ impl GradSet {
         );
         let empty = Window {
             buffer: 0,
+            dtype: GradType::F32,
             byte_offset: 0,
             bytes: 0,
             chunk_begin: 0,
@@ -192,7 +211,26 @@ impl GradSet {
             uniform_bytes[at..at + size_of::<WindowInfo>()]
                 .copy_from_slice(bytemuck::bytes_of(info));
         }
+        let window_pipelines = plan
+            .windows
+            .iter()
+            .map(|w| inner.element_pipelines(inner.path_of(w.dtype)))
+            .collect::<Result<Vec<_>>>()?;
+        let mut paths: Vec<ElementPath> = plan
+            .windows
+            .iter()
+            .map(|w| inner.path_of(w.dtype))
+            .collect();
+        paths.sort();
+        paths.dedup();
+        // The loss scale starts as GradScaler's default; set_loss_scaler changes it.
+        let scaler = LossScaler::new();
         let mut stats_bytes = vec![0u8; STATS_HEAD_SIZE as usize];
+        let state = initial_state(&scaler);
+        stats_bytes[..size_of::<ClipState>()].copy_from_slice(bytemuck::bytes_of(&state));
+        let at = STATS_SCALER_OFFSET as usize;
+        stats_bytes[at..at + size_of::<crate::records::ScalerConfig>()]
+            .copy_from_slice(bytemuck::bytes_of(&scaler.config()));
         for &(chunk_begin, chunk_end) in plan
             .tensor_chunks
             .iter()
@@ -304,6 +342,8 @@ impl GradSet {
             layout: layout.clone(),
             has_elements: !plan.windows.is_empty(),
             bind_groups,
+            window_pipelines,
+            paths,
             stats,
             indirect,
             uniforms,
@@ -329,20 +369,47 @@ impl GradSet {
         self.bind_groups.len()
     }
 
+    /// The element paths this set's binding windows take, sorted and
+    /// without repeats: which shader reads each kind of buffer (say
+    /// [`ElementPath::F16Packed`] on GL, or with
+    /// [`Clipper::without_shader_f16`](crate::Clipper::without_shader_f16)).
+    /// Empty for a layout without elements.
+    ///
+    /// ```
+    /// # let (device, queue, _) = pollster::block_on(gradclip::default_device())?;
+    /// use gradclip::{ElementPath, GradLayout, GradType};
+    /// let clipper = gradclip::Clipper::without_shader_f16(&device, &queue)?;
+    /// let grads = device.create_buffer(&wgpu::BufferDescriptor {
+    ///     label: Some("f16 grads"), size: 64, usage: wgpu::BufferUsages::STORAGE,
+    ///     mapped_at_creation: false });
+    /// let set = clipper.bind_as(&grads, &GradLayout::from_sizes(&[31])?, GradType::F16)?;
+    /// assert_eq!(set.element_paths(), [ElementPath::F16Packed]);
+    /// assert_eq!(set.element_paths()[0].grad_type(), GradType::F16);
+    /// # Ok::<(), gradclip::Error>(())
+    /// ```
+    pub fn element_paths(&self) -> &[ElementPath] {
+        &self.paths
+    }
+
     /// The clip state finalize writes: a binding of the
-    /// [`ClipState`](crate::records::ClipState) record (32 bytes at offset 0
+    /// [`ClipState`](crate::records::ClipState) record (48 bytes at offset 0
     /// of the stats buffer), for an optimizer shader that multiplies by the
-    /// coefficient on load instead of a separate scale pass:
+    /// coefficient on load instead of a separate scale pass, or a loss
+    /// shader that multiplies the loss by the loss scale:
     ///
     /// ```wgsl
     /// struct ClipState { total_norm: f32, coefficient: f32, nonfinite: u32,
-    ///                    scale_kind: u32, dispatch: array<u32, 3>, _pad: u32 }
+    ///                    scale_kind: u32, dispatch: array<u32, 3>, found_inf: u32,
+    ///                    loss_scale: f32, unscaled_by: f32, growth_tracker: u32, _pad: u32 }
     /// @group(0) @binding(3) var<storage, read> clip: ClipState;
     /// ```
     ///
     /// A plain multiply by `coefficient` reproduces every case (0 or NaN for
-    /// non-finite norms); with `error_if_nonfinite`, `coefficient` is 1 and
-    /// `nonfinite != 0` says the step should be skipped.
+    /// non-finite norms; `clip / S` when the clip unscales); with
+    /// `error_if_nonfinite` or an unscaling clip that found an inf,
+    /// `coefficient` is 1 and `nonfinite != 0` / `found_inf != 0` say the
+    /// step should be skipped. `loss_scale` is the scale for the next
+    /// backward pass (already updated by the clip).
     pub fn coefficient_binding(&self) -> wgpu::BufferBinding<'_> {
         wgpu::BufferBinding {
             buffer: &self.stats,
@@ -363,6 +430,52 @@ impl GradSet {
     /// in [`stats_buffer`](Self::stats_buffer), to copy to other ranks on the GPU.
     pub fn partial_offset(&self) -> u64 {
         STATS_PARTIAL_OFFSET
+    }
+
+    /// Sets the loss scale to `scaler`'s initial scale, its growth tracker to
+    /// 0 and its update parameters, for the unscaling clips
+    /// ([`ClipNorm::unscale`](crate::ClipNorm::unscale)) submitted after this
+    /// call (it is a `queue.write_buffer`, so it lands before the next
+    /// submission). Without it a set uses GradScaler's defaults. Invalid
+    /// parameters are an error and change nothing.
+    ///
+    /// ```
+    /// # pollster::block_on(async {
+    /// # use wgpu::util::DeviceExt;
+    /// # let (device, queue, _) = gradclip::default_device().await?;
+    /// # let clipper = gradclip::Clipper::new(&device, &queue)?;
+    /// // f32 gradients of a loss scaled by 1024.
+    /// let grads = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+    ///     label: None, contents: bytemuck::cast_slice(&[3072.0f32, 4096.0]),
+    ///     usage: wgpu::BufferUsages::STORAGE });
+    /// let set = clipper.bind(&grads, &gradclip::GradLayout::from_sizes(&[2])?)?;
+    /// set.set_loss_scaler(&gradclip::LossScaler::new().init_scale(1024.0).growth_interval(1))?;
+    /// let mut encoder = device.create_command_encoder(&Default::default());
+    /// set.clip_norm(&mut encoder, &gradclip::ClipNorm::new(10.0).unscale(true))?;
+    /// queue.submit([encoder.finish()]);
+    /// let report = set.read_report().await?;
+    /// assert_eq!((report.total_norm, report.found_inf), (5.0, false));
+    /// assert_eq!((report.unscaled_by, report.loss_scale), (1024.0, 2048.0)); // grew after 1 step
+    /// # Ok::<(), gradclip::Error>(()) }).unwrap();
+    /// ```
+    pub fn set_loss_scaler(&self, scaler: &LossScaler) -> Result<()> {
+        scaler.check()?;
+        let state = initial_state(scaler);
+        let first = core::mem::offset_of!(ClipState, loss_scale);
+        let end = core::mem::offset_of!(ClipState, _pad);
+        let queue = &self.inner.queue;
+        // Only the scale fields: a clip's results stay readable.
+        queue.write_buffer(
+            &self.stats,
+            first as u64,
+            &bytemuck::bytes_of(&state)[first..end],
+        );
+        queue.write_buffer(
+            &self.stats,
+            STATS_SCALER_OFFSET,
+            bytemuck::bytes_of(&scaler.config()),
+        );
+        Ok(())
     }
 
     /// Dynamic offset of the uniform slot holding `config`; uploads it the
@@ -429,8 +542,8 @@ impl GradSet {
         let pipelines = &self.inner.pipelines;
         let mut pass = self.pass(encoder, "gradclip reduce + finalize", timing.writes(0, 2));
         if self.has_elements {
-            pass.set_pipeline(pipelines.reduce(reduction));
-            for bind_group in &self.bind_groups {
+            for (bind_group, elem) in self.bind_groups.iter().zip(&self.window_pipelines) {
+                pass.set_pipeline(elem.reduce(reduction));
                 pass.set_bind_group(0, bind_group, &[offset]);
                 pass.dispatch_workgroups(self.workgroups_for(config), 1, 1);
             }
@@ -466,8 +579,8 @@ impl GradSet {
             DISPATCH_SIZE,
         );
         let mut pass = self.pass(encoder, "gradclip scale", timing.writes(3, 4));
-        pass.set_pipeline(&self.inner.pipelines.scale);
-        for bind_group in &self.bind_groups {
+        for (bind_group, elem) in self.bind_groups.iter().zip(&self.window_pipelines) {
+            pass.set_pipeline(&elem.scale);
             pass.set_bind_group(0, bind_group, &[offset]);
             pass.dispatch_workgroups_indirect(&self.indirect, 0);
         }
@@ -717,8 +830,8 @@ impl GradSet {
             return Ok(());
         }
         let mut pass = self.pass(encoder, "gradclip clamp", None);
-        pass.set_pipeline(&self.inner.pipelines.clamp);
-        for bind_group in &self.bind_groups {
+        for (bind_group, elem) in self.bind_groups.iter().zip(&self.window_pipelines) {
+            pass.set_pipeline(&elem.clamp);
             pass.set_bind_group(0, bind_group, &[offset]);
             pass.dispatch_workgroups(self.flat_workgroups, 1, 1);
         }

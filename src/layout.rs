@@ -1,5 +1,6 @@
 //! The offset table of the gradients and the chunk plan derived from it.
 
+use crate::dtype::GradType;
 use crate::error::{Error, Result};
 use crate::records::Chunk;
 
@@ -20,6 +21,9 @@ use crate::records::Chunk;
 pub struct GradLayout {
     /// offsets[i] .. offsets[i + 1] is tensor i when packed; one more entry than tensors.
     offsets: Vec<u64>,
+    /// Start of tensor i when packed as a 16-bit type (each tensor padded to
+    /// an even element count); one more entry than tensors.
+    even_offsets: Vec<u64>,
     names: Option<Vec<String>>,
 }
 
@@ -33,16 +37,22 @@ impl GradLayout {
             return Err(Error::EmptyLayout);
         }
         let mut offsets = Vec::with_capacity(sizes.len() + 1);
-        let mut total: u64 = 0;
+        let mut even_offsets = Vec::with_capacity(sizes.len() + 1);
+        let (mut total, mut even_total): (u64, u64) = (0, 0);
         offsets.push(0);
+        even_offsets.push(0);
         for &size in sizes {
-            total = total
-                .checked_add(u64::try_from(size).map_err(|_| Error::LayoutOverflow)?)
+            let size = u64::try_from(size).map_err(|_| Error::LayoutOverflow)?;
+            total = total.checked_add(size).ok_or(Error::LayoutOverflow)?;
+            even_total = even_total
+                .checked_add(size + (size & 1))
                 .ok_or(Error::LayoutOverflow)?;
             offsets.push(total);
+            even_offsets.push(even_total);
         }
         Ok(Self {
             offsets,
+            even_offsets,
             names: None,
         })
     }
@@ -80,6 +90,41 @@ impl GradLayout {
         self.offsets[i]..self.offsets[i + 1]
     }
 
+    /// Element range of tensor `i` in a buffer of `dtype` bound with
+    /// [`Clipper::bind_as`](crate::Clipper::bind_as): for 16-bit types each
+    /// tensor starts at an even element (odd-sized tensors are followed by
+    /// one padding element that the passes never change); for f32, [`range`](Self::range).
+    ///
+    /// ```
+    /// let layout = gradclip::GradLayout::from_sizes(&[3, 4])?;
+    /// assert_eq!(layout.packed_range(1, gradclip::GradType::F16), 4..8);
+    /// assert_eq!(layout.packed_range(1, gradclip::GradType::F32), 3..7);
+    /// assert_eq!(layout.packed_elements(gradclip::GradType::Bf16), 8);
+    /// # Ok::<(), gradclip::Error>(())
+    /// ```
+    ///
+    /// # Panics
+    /// If `i >= self.len()`, like slice indexing.
+    pub fn packed_range(&self, i: usize, dtype: GradType) -> core::ops::Range<u64> {
+        match dtype {
+            GradType::F32 => self.range(i),
+            GradType::F16 | GradType::Bf16 => {
+                let start = self.even_offsets[i];
+                start..start + (self.offsets[i + 1] - self.offsets[i])
+            }
+        }
+    }
+
+    /// Elements (padding included) of a buffer of `dtype` packed by
+    /// [`Clipper::bind_as`](crate::Clipper::bind_as); times
+    /// [`GradType::bytes`] is the buffer size it needs.
+    pub fn packed_elements(&self, dtype: GradType) -> u64 {
+        match dtype {
+            GradType::F32 => self.total_elements(),
+            GradType::F16 | GradType::Bf16 => self.even_offsets[self.len()],
+        }
+    }
+
     /// Element counts of the tensors, in order.
     pub fn sizes(&self) -> impl ExactSizeIterator<Item = u64> + '_ {
         self.offsets.windows(2).map(|w| w[1] - w[0])
@@ -94,11 +139,13 @@ impl GradLayout {
     }
 }
 
-/// Where one tensor lives: which of the bound buffers, at which byte offset.
+/// Where one tensor lives: which of the bound buffers, at which byte offset,
+/// in which element type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Placement {
     pub buffer: usize,
     pub byte_offset: u64,
+    pub dtype: GradType,
 }
 
 /// One binding window: a range of one gradient buffer bound on its own,
@@ -107,8 +154,11 @@ pub(crate) struct Placement {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Window {
     pub buffer: usize,
+    /// Every tensor of a window has this element type.
+    pub dtype: GradType,
     /// Aligned to the device's storage offset alignment.
     pub byte_offset: u64,
+    /// A multiple of 4 (a 16-bit tensor's odd tail is bound up to the end of its word).
     pub bytes: u64,
     pub chunk_begin: u32,
     pub chunk_end: u32,
@@ -165,11 +215,14 @@ fn count_u32(what: &'static str, n: usize) -> Result<u32> {
     })
 }
 
-/// Cuts every tensor into chunks of at most `chunk_elements`, never across a
-/// window; a window starts at an `align`-aligned byte offset and spans at
-/// most `window_bytes`. Tensors are visited in buffer and offset order so
-/// that each window's chunks are contiguous in the table; each tensor's
-/// chunks are contiguous too. Overlapping tensors are an error.
+/// Cuts every tensor into chunks of at most `chunk_elements` (even), never
+/// across a window; a window starts at an `align`-aligned byte offset, spans
+/// at most `window_bytes` (a multiple of 4) and holds one element type.
+/// Tensors are visited in buffer and offset order so that each window's
+/// chunks are contiguous in the table; each tensor's chunks are contiguous
+/// too. Overlapping tensors are an error. With tensors at 4-byte aligned
+/// offsets (checked by the callers), every chunk of a 16-bit tensor starts at
+/// an even element and only a tensor's last chunk can have an odd length.
 pub(crate) fn plan(
     layout: &GradLayout,
     placements: &[Placement],
@@ -181,9 +234,10 @@ pub(crate) fn plan(
     let sizes: Vec<u64> = layout.sizes().collect();
     let mut order: Vec<usize> = (0..layout.len()).filter(|&t| sizes[t] > 0).collect();
     order.sort_by_key(|&t| (placements[t].buffer, placements[t].byte_offset));
+    let bytes_of = |t: usize| placements[t].dtype.bytes() * sizes[t];
     for pair in order.windows(2) {
         let (a, b) = (pair[0], pair[1]);
-        let end_a = placements[a].byte_offset + 4 * sizes[a];
+        let end_a = placements[a].byte_offset + bytes_of(a);
         if placements[a].buffer == placements[b].buffer && end_a > placements[b].byte_offset {
             return Err(Error::OverlappingTensors {
                 first: a,
@@ -200,16 +254,22 @@ pub(crate) fn plan(
         let Placement {
             buffer,
             byte_offset,
+            dtype,
         } = placements[t];
-        let (mut at, end) = (byte_offset, byte_offset + 4 * sizes[t]);
+        let eb = dtype.bytes();
+        let (mut at, end) = (byte_offset, byte_offset + bytes_of(t));
         while at < end {
             let fits = windows.last().is_some_and(|w| {
-                w.buffer == buffer && at >= w.byte_offset && at + 4 <= w.byte_offset + window_bytes
+                w.buffer == buffer
+                    && w.dtype == dtype
+                    && at >= w.byte_offset
+                    && at + 4 <= w.byte_offset + window_bytes
             });
             if !fits {
                 let n = count_u32("chunk count", chunks.len())?;
                 windows.push(Window {
                     buffer,
+                    dtype,
                     byte_offset: at / align * align,
                     bytes: 0,
                     chunk_begin: n,
@@ -219,16 +279,16 @@ pub(crate) fn plan(
                 });
             }
             let w = windows.last_mut().expect("a window was just ensured");
-            let elements = ((end - at) / 4)
+            let elements = ((end - at) / eb)
                 .min(chunk_elements as u64)
-                .min((w.byte_offset + window_bytes - at) / 4);
+                .min((w.byte_offset + window_bytes - at) / eb);
             chunks.push(Chunk {
-                start: ((at - w.byte_offset) / 4) as u32,
+                start: ((at - w.byte_offset) / eb) as u32,
                 len: elements as u32,
                 tensor: t as u32,
             });
-            at += 4 * elements;
-            w.bytes = at - w.byte_offset;
+            at += eb * elements;
+            w.bytes = (at - w.byte_offset).div_ceil(4) * 4;
             w.chunk_end = count_u32("chunk count", chunks.len())?;
         }
         tensor_chunks[t] = (first, count_u32("chunk count", chunks.len())?);
@@ -260,6 +320,17 @@ mod tests {
             .map(|t| Placement {
                 buffer: 0,
                 byte_offset: 4 * layout.range(t).start,
+                dtype: GradType::F32,
+            })
+            .collect()
+    }
+
+    fn packed16(layout: &GradLayout) -> Vec<Placement> {
+        (0..layout.len())
+            .map(|t| Placement {
+                buffer: 0,
+                byte_offset: 2 * layout.packed_range(t, GradType::Bf16).start,
+                dtype: GradType::Bf16,
             })
             .collect()
     }
@@ -269,12 +340,19 @@ mod tests {
         let mut covered: Vec<Vec<u64>> = vec![Vec::new(); layout.len()];
         for w in &plan.windows {
             assert!(w.bytes <= window_bytes);
+            assert!(w.bytes.is_multiple_of(4));
+            let eb = w.dtype.bytes();
             for c in &plan.chunks[w.chunk_begin as usize..w.chunk_end as usize] {
                 assert!(c.len >= 1);
-                assert!(4 * (c.start as u64 + c.len as u64) <= w.bytes);
-                let byte = w.byte_offset + 4 * c.start as u64;
+                assert!(eb * (c.start as u64 + c.len as u64) <= w.bytes);
+                let byte = w.byte_offset + eb * c.start as u64;
                 assert_eq!(w.buffer, placements[c.tensor as usize].buffer);
-                let first = (byte - placements[c.tensor as usize].byte_offset) / 4;
+                assert_eq!(w.dtype, placements[c.tensor as usize].dtype);
+                if eb == 2 {
+                    // Word ownership: chunks start on words.
+                    assert!(c.start.is_multiple_of(2), "{c:?}");
+                }
+                let first = (byte - placements[c.tensor as usize].byte_offset) / eb;
                 covered[c.tensor as usize].extend(first..first + c.len as u64);
             }
         }
@@ -317,12 +395,41 @@ mod tests {
     }
 
     #[test]
+    fn sixteen_bit_tensors_are_cut_on_words() {
+        let layout = GradLayout::from_sizes(&[5, 0, 17, 3, 0, 40, 1]).unwrap();
+        let placements = packed16(&layout);
+        let plan = plan(&layout, &placements, 4, 64, 16).unwrap();
+        check_cover(&layout, &placements, &plan, 64);
+        assert_eq!(layout.packed_elements(GradType::F16), 6 + 18 + 4 + 40 + 2);
+    }
+
+    #[test]
+    fn element_types_get_their_own_windows() {
+        let layout = GradLayout::from_sizes(&[6, 6, 6]).unwrap();
+        let types = [GradType::F32, GradType::Bf16, GradType::F32];
+        let placements: Vec<Placement> = [0u64, 24, 36]
+            .iter()
+            .zip(types)
+            .map(|(&byte_offset, dtype)| Placement {
+                buffer: 0,
+                byte_offset,
+                dtype,
+            })
+            .collect();
+        let plan = plan(&layout, &placements, 8, 256, 4).unwrap();
+        check_cover(&layout, &placements, &plan, 256);
+        let kinds: Vec<GradType> = plan.windows.iter().map(|w| w.dtype).collect();
+        assert_eq!(kinds, types);
+    }
+
+    #[test]
     fn scattered_tensors_over_buffers() {
         let layout = GradLayout::from_sizes(&[10, 3, 7, 100]).unwrap();
         let placements =
             [(1, 1000), (0, 36), (1, 12), (0, 512)].map(|(buffer, byte_offset)| Placement {
                 buffer,
                 byte_offset,
+                dtype: GradType::F32,
             });
         let plan = plan(&layout, &placements, 8, 256, 256).unwrap();
         check_cover(&layout, &placements, &plan, 256);
@@ -344,6 +451,7 @@ mod tests {
         let placements = [(0, 0), (0, 36)].map(|(buffer, byte_offset)| Placement {
             buffer,
             byte_offset,
+            dtype: GradType::F32,
         });
         assert_eq!(
             plan(&layout, &placements, 8, 256, 256),

@@ -1,7 +1,10 @@
 //! Global-norm gradient clipping on the GPU with wgpu and WGSL.
 //!
-//! Gradients live in one flat `f32` buffer, tensors packed back to back; a
-//! [`GradLayout`] is their offset table. A [`Clipper`] owns the pipelines, a
+//! Gradients live in one flat `f32`, `f16` or `bf16` buffer, tensors packed
+//! back to back (or in ranges of several buffers, each with its own
+//! [`GradType`]); a [`GradLayout`] is their offset table. Mixed-precision
+//! training gets GradScaler's unscale, inf check and dynamic loss scaling
+//! fused into the clip ([`ClipNorm::unscale`], [`LossScaler`]). A [`Clipper`] owns the pipelines, a
 //! [`GradSet`] binds one gradient buffer, and each clip records three passes
 //! into your command encoder: a reduction over fixed-size chunks, one small
 //! dispatch that turns the chunk partials into the norm and the coefficient,
@@ -33,6 +36,7 @@
 mod clipper;
 mod config;
 mod device;
+mod dtype;
 mod error;
 mod gpu_errors;
 mod grad_set;
@@ -40,13 +44,16 @@ mod layout;
 mod partial;
 pub mod records;
 mod report;
+mod scaler;
 pub mod shaders;
 
 pub use clipper::Clipper;
 pub use config::{ClipNorm, Norm, Semantics};
 pub use device::default_device;
+pub use dtype::{ElementPath, GradType};
 pub use error::{Error, Result};
 pub use grad_set::{GradSet, CHUNK_ELEMENTS};
 pub use layout::GradLayout;
 pub use partial::NormPartial;
 pub use report::ClipReport;
+pub use scaler::LossScaler;

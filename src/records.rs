@@ -71,22 +71,42 @@ impl ClipConfig {
     }
 }
 
-/// WGSL `ClipState`: the result finalize leaves on the GPU.
+/// WGSL `ClipState`: the result finalize leaves on the GPU, and the loss
+/// scale it keeps.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
 pub struct ClipState {
     pub total_norm: f32,
+    /// Factor applied to the stored gradients (clip coefficient / S when unscaling).
     pub coefficient: f32,
     pub nonfinite: u32,
     pub scale_kind: u32,
     pub dispatch: [u32; 3],
+    /// 1 when an unscaling clip found a NaN or inf: gradients untouched, skip the step.
+    pub found_inf: u32,
+    /// The loss scale for the next backward pass.
+    pub loss_scale: f32,
+    /// The loss scale this clip divided by (1 when it did not unscale).
+    pub unscaled_by: f32,
+    pub growth_tracker: u32,
     pub _pad: u32,
 }
 
-/// Byte offsets of the members of WGSL `Stats { state, partial, tensors }`.
+/// WGSL `ScalerConfig`: GradScaler's update parameters.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
+pub struct ScalerConfig {
+    pub growth_factor: f32,
+    pub backoff_factor: f32,
+    pub growth_interval: u32,
+    pub _pad: u32,
+}
+
+/// Byte offsets of the members of WGSL `Stats { state, partial, scaler, tensors }`.
 pub const STATS_STATE_OFFSET: u64 = 0;
-pub const STATS_PARTIAL_OFFSET: u64 = 32;
-pub const STATS_TENSORS_OFFSET: u64 = 48;
+pub const STATS_PARTIAL_OFFSET: u64 = 48;
+pub const STATS_SCALER_OFFSET: u64 = 64;
+pub const STATS_TENSORS_OFFSET: u64 = 80;
 /// Bytes of `Stats` up to its per-tensor array.
 pub const STATS_HEAD_SIZE: u64 = STATS_TENSORS_OFFSET;
 
@@ -105,6 +125,7 @@ pub const FLAG_NAN: u32 = 2;
 pub const CFG_TENSOR_NORMS: u32 = 1;
 pub const CFG_PER_TENSOR: u32 = 2;
 pub const CFG_NO_SCALE: u32 = 4;
+pub const CFG_UNSCALE: u32 = 8;
 
 /// A record's WGSL struct name, byte size and `(member, offset)` pairs.
 pub type RecordLayout = (&'static str, usize, Vec<(&'static str, usize)>);
@@ -154,6 +175,16 @@ pub fn layouts() -> Vec<RecordLayout> {
             nonfinite,
             scale_kind,
             dispatch,
+            found_inf,
+            loss_scale,
+            unscaled_by,
+            growth_tracker,
+            _pad
+        }),
+        record!(ScalerConfig {
+            growth_factor,
+            backoff_factor,
+            growth_interval,
             _pad
         }),
     ]

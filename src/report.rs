@@ -22,6 +22,19 @@ pub struct ClipReport {
     pub coefficient: f32,
     /// Whether any gradient element was NaN or infinite.
     pub nonfinite: bool,
+    /// For a clip made with [`ClipNorm::unscale`](crate::ClipNorm::unscale):
+    /// an element was NaN or infinite, the gradients were left as they were
+    /// and the optimizer step should be skipped (GradScaler's `found_inf`).
+    /// Always false for other clips.
+    pub found_inf: bool,
+    /// The loss scale this clip divided the gradients by (1 if it did not unscale).
+    pub unscaled_by: f32,
+    /// The loss scale after this clip's GradScaler update: the one for the
+    /// next backward pass.
+    pub loss_scale: f32,
+    /// GradScaler's growth tracker after the update: finite steps in a row
+    /// since the scale last changed.
+    pub growth_tracker: u32,
     /// Which norm clip on the set this is, counting from 1.
     pub step: u64,
     /// This set's share of the norm, to combine with other shards'.
@@ -313,6 +326,10 @@ fn parse(bytes: &[u8], meta: &Meta, tensor_count: usize) -> ClipReport {
         total_norm: state.total_norm,
         coefficient: state.coefficient,
         nonfinite: state.nonfinite & (FLAG_INF | FLAG_NAN) != 0,
+        found_inf: state.found_inf != 0,
+        unscaled_by: state.unscaled_by,
+        loss_scale: state.loss_scale,
+        growth_tracker: state.growth_tracker,
         step: meta.step,
         partial: NormPartial(partial),
         tensor_norms: tensors.iter().map(|t| t.norm).collect(),

@@ -2,6 +2,12 @@
 //! `shaders/common.wgsl` followed by its own files; the test suite validates
 //! every module with naga, translates it for each backend and reads its
 //! workgroup size and record layouts back to check them against the host.
+//!
+//! The reduce and scale passes exist once per [`ElementPath`]: the same pass
+//! file composed with an element file (`elem_*.wgsl`) that declares the
+//! gradients binding and decodes / encodes its elements.
+
+use crate::dtype::ElementPath;
 
 /// A shader module of one pass: the files it is made of, in order, and the
 /// entry points the host uses from it.
@@ -13,6 +19,8 @@ pub struct PassModule {
     pub files: &'static [(&'static str, &'static str)],
     /// Entry points the host creates pipelines for.
     pub entry_points: &'static [&'static str],
+    /// Whether the module needs `wgpu::Features::SHADER_F16` (`enable f16;`).
+    pub shader_f16: bool,
 }
 
 impl PassModule {
@@ -28,20 +36,34 @@ impl PassModule {
 
 const COMMON: (&str, &str) = ("common.wgsl", include_str!("../shaders/common.wgsl"));
 const FOLD: (&str, &str) = ("fold.wgsl", include_str!("../shaders/fold.wgsl"));
+const HALF: (&str, &str) = ("half.wgsl", include_str!("../shaders/half.wgsl"));
+const REDUCE_FILE: (&str, &str) = ("reduce.wgsl", include_str!("../shaders/reduce.wgsl"));
+const SCALE_FILE: (&str, &str) = ("scale.wgsl", include_str!("../shaders/scale.wgsl"));
+const ELEM_F32: (&str, &str) = ("elem_f32.wgsl", include_str!("../shaders/elem_f32.wgsl"));
+/// Starts with `enable f16;`, so it comes first in its modules.
+const ELEM_F16: (&str, &str) = ("elem_f16.wgsl", include_str!("../shaders/elem_f16.wgsl"));
+const ELEM_F16_PACKED: (&str, &str) = (
+    "elem_f16_packed.wgsl",
+    include_str!("../shaders/elem_f16_packed.wgsl"),
+);
+const ELEM_BF16_PACKED: (&str, &str) = (
+    "elem_bf16_packed.wgsl",
+    include_str!("../shaders/elem_bf16_packed.wgsl"),
+);
 
-/// Reduce: per-chunk partial norms.
+const REDUCE_ENTRY_POINTS: &[&str] = &["reduce_l2", "reduce_inf", "reduce_p"];
+const SCALE_ENTRY_POINTS: &[&str] = &["scale", "clamp_values"];
+
+/// Reduce: per-chunk partial norms (f32 gradients).
 pub const REDUCE: PassModule = PassModule {
     name: "gradclip reduce",
-    files: &[
-        COMMON,
-        FOLD,
-        ("reduce.wgsl", include_str!("../shaders/reduce.wgsl")),
-    ],
-    entry_points: &["reduce_l2", "reduce_inf", "reduce_p"],
+    files: &[COMMON, ELEM_F32, FOLD, REDUCE_FILE],
+    entry_points: REDUCE_ENTRY_POINTS,
+    shader_f16: false,
 };
 
-/// Finalize: total norm, per-tensor norms, coefficient, scale dispatch;
-/// finish: the same from a total supplied by the host.
+/// Finalize: total norm, per-tensor norms, coefficient, scale dispatch,
+/// loss-scale update; finish: the same from a total supplied by the host.
 pub const FINALIZE: PassModule = PassModule {
     name: "gradclip finalize",
     files: &[
@@ -57,20 +79,87 @@ pub const FINALIZE: PassModule = PassModule {
         "finish_inf",
         "finish_p",
     ],
+    shader_f16: false,
 };
 
-/// Scale: in-place multiply (norm clipping) and clamp (value clipping).
+/// Scale: in-place multiply (norm clipping) and clamp (value clipping), f32 gradients.
 pub const SCALE: PassModule = PassModule {
     name: "gradclip scale",
-    files: &[
-        COMMON,
-        ("scale.wgsl", include_str!("../shaders/scale.wgsl")),
-    ],
-    entry_points: &["scale", "clamp_values"],
+    files: &[COMMON, ELEM_F32, SCALE_FILE],
+    entry_points: SCALE_ENTRY_POINTS,
+    shader_f16: false,
 };
 
-/// Every pass module.
-pub const MODULES: [PassModule; 3] = [REDUCE, FINALIZE, SCALE];
+/// Reduce over f16 gradients with native 16-bit loads (`shader-f16`).
+pub const REDUCE_F16: PassModule = PassModule {
+    name: "gradclip reduce f16",
+    files: &[ELEM_F16, COMMON, HALF, FOLD, REDUCE_FILE],
+    entry_points: REDUCE_ENTRY_POINTS,
+    shader_f16: true,
+};
+
+/// Scale over f16 gradients with native 16-bit stores (`shader-f16`).
+pub const SCALE_F16: PassModule = PassModule {
+    name: "gradclip scale f16",
+    files: &[ELEM_F16, COMMON, HALF, SCALE_FILE],
+    entry_points: SCALE_ENTRY_POINTS,
+    shader_f16: true,
+};
+
+/// Reduce over f16 gradients read as pairs from `u32` words.
+pub const REDUCE_F16_PACKED: PassModule = PassModule {
+    name: "gradclip reduce f16 packed",
+    files: &[COMMON, HALF, ELEM_F16_PACKED, FOLD, REDUCE_FILE],
+    entry_points: REDUCE_ENTRY_POINTS,
+    shader_f16: false,
+};
+
+/// Scale over f16 gradients written as pairs into `u32` words.
+pub const SCALE_F16_PACKED: PassModule = PassModule {
+    name: "gradclip scale f16 packed",
+    files: &[COMMON, HALF, ELEM_F16_PACKED, SCALE_FILE],
+    entry_points: SCALE_ENTRY_POINTS,
+    shader_f16: false,
+};
+
+/// Reduce over bf16 gradients read as pairs from `u32` words.
+pub const REDUCE_BF16_PACKED: PassModule = PassModule {
+    name: "gradclip reduce bf16 packed",
+    files: &[COMMON, ELEM_BF16_PACKED, FOLD, REDUCE_FILE],
+    entry_points: REDUCE_ENTRY_POINTS,
+    shader_f16: false,
+};
+
+/// Scale over bf16 gradients written as pairs into `u32` words.
+pub const SCALE_BF16_PACKED: PassModule = PassModule {
+    name: "gradclip scale bf16 packed",
+    files: &[COMMON, ELEM_BF16_PACKED, SCALE_FILE],
+    entry_points: SCALE_ENTRY_POINTS,
+    shader_f16: false,
+};
+
+/// Every pass module; the first three are the f32 ones.
+pub const MODULES: [PassModule; 9] = [
+    REDUCE,
+    FINALIZE,
+    SCALE,
+    REDUCE_F16,
+    SCALE_F16,
+    REDUCE_F16_PACKED,
+    SCALE_F16_PACKED,
+    REDUCE_BF16_PACKED,
+    SCALE_BF16_PACKED,
+];
+
+/// The reduce and scale modules of one element path.
+pub fn element_modules(path: ElementPath) -> (PassModule, PassModule) {
+    match path {
+        ElementPath::F32 => (REDUCE, SCALE),
+        ElementPath::F16Native => (REDUCE_F16, SCALE_F16),
+        ElementPath::F16Packed => (REDUCE_F16_PACKED, SCALE_F16_PACKED),
+        ElementPath::Bf16Packed => (REDUCE_BF16_PACKED, SCALE_BF16_PACKED),
+    }
+}
 
 /// Name of the pipeline-overridable constant that sets the workgroup size.
 pub const WORKGROUP_SIZE_OVERRIDE: &str = "WG";

@@ -110,7 +110,7 @@ fn layout_of_empty_tensors_has_norm_zero() {
 /// Reads the ClipState that finalize left on the GPU.
 fn clip_state(set: &gradclip::GradSet) -> gradclip::records::ClipState {
     let g = gpu();
-    let words = download(&g.device, &g.queue, set.stats_buffer(), 8);
+    let words = download(&g.device, &g.queue, set.stats_buffer(), 12);
     bytemuck::pod_read_unaligned(bytemuck::cast_slice(&words))
 }
 

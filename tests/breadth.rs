@@ -142,7 +142,7 @@ fn per_tensor_no_clip_step_scales_nothing() {
     let mut encoder = g.device.create_command_encoder(&Default::default());
     set.clip_norm(&mut encoder, &clip).unwrap();
     g.queue.submit([encoder.finish()]);
-    let state = download(&g.device, &g.queue, set.stats_buffer(), 8);
+    let state = download(&g.device, &g.queue, set.stats_buffer(), 12);
     let state: gradclip::records::ClipState =
         bytemuck::pod_read_unaligned(bytemuck::cast_slice(&state));
     assert_eq!(state.dispatch[0], 0);

@@ -160,3 +160,65 @@ fn error_if_nonfinite_skips_the_fused_step() {
     );
     assert_no_wgpu_errors();
 }
+
+#[test]
+fn fused_amp_step_equals_unscaling_clip_then_step() {
+    // GradScaler in the optimizer: record_norm(unscale) + an SGD step that
+    // multiplies by coefficient (= clip / S) on load and skips on a
+    // non-finite step, against clip_norm(unscale) + a plain step.
+    let g = gpu();
+    let sizes = [20_000, 7, 5_000];
+    let n: usize = sizes.iter().sum();
+    let params: Vec<f32> = (0..n).map(|i| (i % 13) as f32 * 0.1).collect();
+    let clip = ClipNorm::new(1.0).unscale(true);
+    let scaler = gradclip::LossScaler::new()
+        .init_scale(1024.0)
+        .growth_interval(2);
+    let fused = model(
+        &params,
+        &gradients(n, 0),
+        &sizes,
+        APPLY_COEFFICIENT | SKIP_NONFINITE,
+    );
+    let plain = model(&params, &gradients(n, 0), &sizes, SKIP_NONFINITE);
+    fused.set.set_loss_scaler(&scaler).unwrap();
+    plain.set.set_loss_scaler(&scaler).unwrap();
+    for step in 0..6 {
+        let mut grads: Vec<f32> = gradients(n, step).iter().map(|x| x * 1024.0).collect();
+        if step == 3 {
+            grads[n - 1] = f32::INFINITY;
+        }
+        g.queue
+            .write_buffer(&fused.grads, 0, bytemuck::cast_slice(&grads));
+        g.queue
+            .write_buffer(&plain.grads, 0, bytemuck::cast_slice(&grads));
+        let mut encoder = g.device.create_command_encoder(&Default::default());
+        fused.set.record_norm(&mut encoder, &clip).unwrap();
+        fused.sgd.encode(&mut encoder);
+        plain.set.clip_norm(&mut encoder, &clip).unwrap();
+        plain.sgd.encode(&mut encoder);
+        g.queue.submit([encoder.finish()]);
+    }
+    assert_identical(
+        &download(&g.device, &g.queue, &fused.params, n),
+        &download(&g.device, &g.queue, &plain.params, n),
+        "fused vs unscaling clip-then-step after 6 steps",
+    );
+    let reports = [&fused, &plain].map(|m| pollster::block_on(m.set.take_reports()).unwrap());
+    let scales: Vec<Vec<(f32, bool)>> = reports
+        .iter()
+        .map(|r| r.iter().map(|r| (r.loss_scale, r.found_inf)).collect())
+        .collect();
+    // Grows after steps 1 (2 finite), backs off at 3, grows after 5.
+    let want = [
+        (1024.0, false),
+        (2048.0, false),
+        (2048.0, false),
+        (1024.0, true),
+        (1024.0, false),
+        (2048.0, false),
+    ];
+    assert_eq!(scales[0], want);
+    assert_eq!(scales[1], want);
+    assert_no_wgpu_errors();
+}

@@ -13,7 +13,13 @@ fn parse(pass: &PassModule) -> (naga::Module, ModuleInfo) {
     let source = pass.source();
     let module = naga::front::wgsl::parse_str(&source)
         .unwrap_or_else(|e| panic!("{}: {}", pass.name, e.emit_to_string(&source)));
-    let info = Validator::new(ValidationFlags::all(), Capabilities::empty())
+    // The native f16 modules need shader-f16, which wgpu maps to this capability.
+    let capabilities = if pass.shader_f16 {
+        Capabilities::SHADER_FLOAT16
+    } else {
+        Capabilities::empty()
+    };
+    let info = Validator::new(ValidationFlags::all(), capabilities)
         .validate(&module)
         .unwrap_or_else(|e| panic!("{}: {}", pass.name, e.emit_to_string(&source)));
     (module, info)
@@ -86,7 +92,16 @@ fn every_entry_point_translates_for_every_backend() {
                     .unwrap_or_else(|e| panic!("{what}: MSL: {e}"));
             assert!(metal.contains("kernel"), "{what}: MSL has a kernel");
 
-            let hlsl_options = hlsl::Options::default();
+            // 16-bit types need shader model 6.2 in HLSL; wgpu's DX12 backend
+            // only offers SHADER_F16 where DXC provides it.
+            let hlsl_options = if pass.shader_f16 {
+                hlsl::Options {
+                    shader_model: hlsl::ShaderModel::V6_2,
+                    ..Default::default()
+                }
+            } else {
+                hlsl::Options::default()
+            };
             let hlsl_pipeline = hlsl::PipelineOptions {
                 entry_point: Some((naga::ShaderStage::Compute, entry.to_string())),
             };
@@ -99,6 +114,11 @@ fn every_entry_point_translates_for_every_backend() {
                 "{what}: HLSL numthreads"
             );
 
+            if pass.shader_f16 {
+                // wgpu's GL backend has no shader-f16: GL devices take the
+                // packed modules, which are translated to GLSL like the rest.
+                continue;
+            }
             let glsl_options = glsl::Options {
                 version: glsl::Version::Embedded {
                     version: 310,
@@ -195,6 +215,49 @@ fn record_layouts_match_the_rust_mirrors() {
         records::DISPATCH_OFFSET,
         core::mem::offset_of!(records::ClipState, dispatch) as u64
     );
+    // Stats ends in a runtime array, so it has no Rust mirror: its member
+    // offsets are the host's constants.
+    let (_, stats) = wgsl_struct(&module, "Stats");
+    let offsets: Vec<(String, u64)> = stats.into_iter().map(|(n, o)| (n, o as u64)).collect();
+    let want: Vec<(String, u64)> = [
+        ("state", records::STATS_STATE_OFFSET),
+        ("partial", records::STATS_PARTIAL_OFFSET),
+        ("scaler", records::STATS_SCALER_OFFSET),
+        ("tensors", records::STATS_TENSORS_OFFSET),
+    ]
+    .iter()
+    .map(|(n, o)| (n.to_string(), *o))
+    .collect();
+    assert_eq!(offsets, want, "Stats members");
+    assert_eq!(records::STATS_HEAD_SIZE, records::STATS_TENSORS_OFFSET);
+}
+
+#[test]
+fn every_element_path_has_modules_with_the_same_entry_points() {
+    use gradclip::shaders::element_modules;
+    use gradclip::ElementPath::*;
+    for path in [F32, F16Native, F16Packed, Bf16Packed] {
+        let (reduce, scale) = element_modules(path);
+        assert_eq!(reduce.entry_points, MODULES[0].entry_points, "{path:?}");
+        assert_eq!(scale.entry_points, MODULES[2].entry_points, "{path:?}");
+        assert_eq!(reduce.shader_f16, path == F16Native);
+        assert_eq!(scale.shader_f16, path == F16Native);
+        for module in [reduce, scale] {
+            assert!(
+                MODULES.iter().any(|m| m.name == module.name),
+                "{} is not in MODULES, so it is not checked",
+                module.name
+            );
+            if module.shader_f16 {
+                // WGSL wants `enable f16;` before every declaration.
+                assert!(
+                    module.source().starts_with("enable f16;"),
+                    "{}",
+                    module.name
+                );
+            }
+        }
+    }
 }
 
 fn u32_constant(module: &naga::Module, name: &str) -> u32 {
@@ -231,6 +294,7 @@ fn flag_constants_match_the_host() {
         records::CFG_PER_TENSOR
     );
     assert_eq!(u32_constant(&module, "CFG_NO_SCALE"), records::CFG_NO_SCALE);
+    assert_eq!(u32_constant(&module, "CFG_UNSCALE"), records::CFG_UNSCALE);
 }
 
 #[test]

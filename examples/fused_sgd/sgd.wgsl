@@ -3,12 +3,18 @@
 // clipping then costs no pass over the gradients of its own.
 
 // gradclip's ClipState record, as GradSet::coefficient_binding binds it.
+// With ClipNorm::unscale, coefficient is clip / S and found_inf (a subset
+// of nonfinite) says the step is to be skipped.
 struct ClipState {
     total_norm: f32,
     coefficient: f32,
     nonfinite: u32,
     scale_kind: u32,
     dispatch: array<u32, 3>,
+    found_inf: u32,
+    loss_scale: f32,
+    unscaled_by: f32,
+    growth_tracker: u32,
     _pad: u32,
 }
 
