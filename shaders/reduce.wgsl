@@ -56,27 +56,44 @@ fn has_second(i: u32, len: u32) -> bool {
     return UNIT == 2u && i + 1u < len;
 }
 
-// reduce_l2 — reads: grads (this window's chunks), chunks, win.
-// Writes: partials[c] = (small, medium, big) scaled sums of squares + flags.
-// Dispatch: (stride_workgroups(), 1, 1), workgroups striding over window_chunks().
-@compute @workgroup_size(WG)
-fn reduce_l2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+// Folds one element (its f32 bits) into a reduction of the given kind
+// (0 = L2, 1 = Inf with the max's bits kept in acc.x, 2 = general p). Each
+// entry point passes a constant kind, so compilers drop the other arms.
+fn add_element(kind: u32, acc: ptr<function, vec3<f32>>, flags: ptr<function, u32>, bits: u32) {
+    switch kind {
+        case 0u: {
+            add_l2(acc, flags, bits);
+        }
+        case 1u: {
+            var best = bitcast<u32>((*acc).x);
+            add_inf(&best, flags, bits);
+            (*acc).x = bitcast<f32>(best);
+        }
+        default: {
+            add_p(acc, flags, bits, cfg.p);
+        }
+    }
+}
+
+// The body of the reduce entry points: this workgroup's chunks of the
+// window, each folded into partials[c].
+fn reduce_window(wg: u32, t: u32, kind: u32) {
     let range = window_chunks();
     let stride = stride_workgroups();
-    for (var c = range.x + wg.x; c < range.y; c += stride) {
+    for (var c = range.x + wg; c < range.y; c += stride) {
         let ch = chunks[c];
         var acc = vec3<f32>(0.0);
         var flags = 0u;
         for (var i = t * UNIT; i < ch.len; i += WG * UNIT) {
             let bits = load_unit(ch.start + i);
-            add_l2(&acc, &flags, bits.x);
+            add_element(kind, &acc, &flags, bits.x);
             if has_second(i, ch.len) {
-                add_l2(&acc, &flags, bits.y);
+                add_element(kind, &acc, &flags, bits.y);
             }
         }
         wg_v[t] = acc;
         wg_f[t] = flags;
-        tree_reduce(t, 0u);
+        tree_reduce(t, kind);
         if t == 0u {
             partials[c] = Partial(wg_v[0], wg_f[0]);
         }
@@ -84,33 +101,20 @@ fn reduce_l2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
     }
 }
 
+// reduce_l2 — reads: grads (this window's chunks), chunks, win.
+// Writes: partials[c] = (small, medium, big) scaled sums of squares + flags.
+// Dispatch: (stride_workgroups(), 1, 1), workgroups striding over window_chunks().
+@compute @workgroup_size(WG)
+fn reduce_l2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    reduce_window(wg.x, t, 0u);
+}
+
 // reduce_inf — reads: grads (this window's chunks), chunks, win.
-// Writes: partials[c].v.x = bits of max |g| over finite g (bit order is value
-// order for non-negative floats, so no float compare is needed) + flags.
+// Writes: partials[c].v.x = bits of max |g| over finite g + flags.
 // Dispatch: (stride_workgroups(), 1, 1), workgroups striding over window_chunks().
 @compute @workgroup_size(WG)
 fn reduce_inf(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    let range = window_chunks();
-    let stride = stride_workgroups();
-    for (var c = range.x + wg.x; c < range.y; c += stride) {
-        let ch = chunks[c];
-        var best = 0u;
-        var flags = 0u;
-        for (var i = t * UNIT; i < ch.len; i += WG * UNIT) {
-            let bits = load_unit(ch.start + i);
-            add_inf(&best, &flags, bits.x);
-            if has_second(i, ch.len) {
-                add_inf(&best, &flags, bits.y);
-            }
-        }
-        wg_v[t] = vec3(bitcast<f32>(best), 0.0, 0.0);
-        wg_f[t] = flags;
-        tree_reduce(t, 1u);
-        if t == 0u {
-            partials[c] = Partial(wg_v[0], wg_f[0]);
-        }
-        workgroupBarrier();
-    }
+    reduce_window(wg.x, t, 1u);
 }
 
 // reduce_p — reads: grads (this window's chunks), chunks, win, cfg.p.
@@ -118,26 +122,5 @@ fn reduce_inf(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
 // Dispatch: (stride_workgroups(), 1, 1), workgroups striding over window_chunks().
 @compute @workgroup_size(WG)
 fn reduce_p(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    let p = cfg.p;
-    let range = window_chunks();
-    let stride = stride_workgroups();
-    for (var c = range.x + wg.x; c < range.y; c += stride) {
-        let ch = chunks[c];
-        var acc = vec3<f32>(0.0);
-        var flags = 0u;
-        for (var i = t * UNIT; i < ch.len; i += WG * UNIT) {
-            let bits = load_unit(ch.start + i);
-            add_p(&acc, &flags, bits.x, p);
-            if has_second(i, ch.len) {
-                add_p(&acc, &flags, bits.y, p);
-            }
-        }
-        wg_v[t] = acc;
-        wg_f[t] = flags;
-        tree_reduce(t, 2u);
-        if t == 0u {
-            partials[c] = Partial(wg_v[0], wg_f[0]);
-        }
-        workgroupBarrier();
-    }
+    reduce_window(wg.x, t, 2u);
 }
