@@ -840,7 +840,8 @@ impl GradSet {
 
     /// The report of the latest norm clip recorded on this set and submitted.
     /// Natively it drives the device until the submitted work is done; in the
-    /// browser it waits for the map callback. Further steps can be recorded
+    /// browser it waits for the work submitted so far (never for a step that
+    /// was recorded but not submitted). Further steps can be recorded
     /// and submitted while it is pending, and it never has to be called.
     /// Returns [`Error::NonFinite`] for a clip made with `error_if_nonfinite`
     /// whose norm was NaN or infinite.
