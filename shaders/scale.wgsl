@@ -3,10 +3,6 @@
 // transformed in f32 and encoded back in the element type (round to nearest
 // even for 16-bit types); invocations own whole units (storage words).
 
-// Largest finite f32, standing in for an infinite clamp bound so that no
-// infinity reaches float arithmetic.
-const MAX_F32: f32 = 0x1.fffffep127f;
-
 fn scaled(g: f32, kind: u32, coef: f32) -> f32 {
     if kind == SCALE_MULTIPLY {
         return g * coef;
@@ -18,24 +14,30 @@ fn scaled(g: f32, kind: u32, coef: f32) -> f32 {
     return f32_from_bits(QUIET_NAN);
 }
 
-fn finite_bound(b: f32) -> f32 {
-    let bits = bitcast<u32>(b);
-    if (bits & ABS_MASK) == EXP_MASK {
-        return select(MAX_F32, -MAX_F32, (bits & SIGN_MASK) != 0u);
-    }
-    return b;
+// A float's bits as an integer that orders as the float does (NaN
+// excluded; -0 and +0 tie). Clamping by these keys is exact on every driver:
+// SwiftShader flushed the subnormal in min(max(1e-40, -1), 1) to 0, and
+// infinities need no special case.
+fn order_key(bits: u32) -> i32 {
+    let magnitude = i32(bits & ABS_MASK);
+    return select(magnitude, -magnitude, (bits & SIGN_MASK) != 0u);
 }
 
-fn clamped(g: f32, lo: f32, hi: f32) -> f32 {
+// g clamped to the bounds whose keys are lo and hi; NaN stays NaN, and a g
+// inside the bounds comes back as it was, bit for bit.
+fn clamped(g: f32, lo: i32, hi: i32) -> f32 {
     let bits = bitcast<u32>(g);
-    let a = bits & ABS_MASK;
-    if a > EXP_MASK {
+    if (bits & ABS_MASK) > EXP_MASK {
         return g;
     }
-    if a == EXP_MASK {
-        return select(cfg.clamp_max, cfg.clamp_min, (bits & SIGN_MASK) != 0u);
+    let key = order_key(bits);
+    if key < lo {
+        return cfg.clamp_min;
     }
-    return min(max(g, lo), hi);
+    if key > hi {
+        return cfg.clamp_max;
+    }
+    return g;
 }
 
 // scale — reads: stats.state.coefficient / scale_kind (from finalize), per
@@ -72,8 +74,8 @@ fn scale(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
 // Dispatch: (stride_workgroups(), 1, 1), workgroups striding over window_chunks().
 @compute @workgroup_size(WG)
 fn clamp_values(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    let lo = finite_bound(cfg.clamp_min);
-    let hi = finite_bound(cfg.clamp_max);
+    let lo = order_key(bitcast<u32>(cfg.clamp_min));
+    let hi = order_key(bitcast<u32>(cfg.clamp_max));
     let range = window_chunks();
     let stride = stride_workgroups();
     for (var c = range.x + wg.x; c < range.y; c += stride) {

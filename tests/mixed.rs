@@ -301,7 +301,7 @@ fn clipped_16_bit_gradients_are_rounded_to_nearest_even_within_one_ulp() {
                 run(&clipper, ty, &SIZES, &bits, &ClipNorm::new(max_norm), None);
             let coef = report.coefficient as f64;
             assert!(rel_diff(coef, reference::torch_coefficient(norm, max_norm as f64)) <= 1e-5);
-            let mut exact = 0;
+            let (mut exact, mut normal) = (0, 0);
             for (i, (&got, &g)) in after.iter().zip(&bits).enumerate() {
                 let want = ty.encode(ty.decode(g) * coef);
                 let close = ulps(got, want) <= 1
@@ -311,12 +311,18 @@ fn clipped_16_bit_gradients_are_rounded_to_nearest_even_within_one_ulp() {
                     close,
                     "{ty:?} {name}: element {i}: got {got:#06x}, want {want:#06x}"
                 );
-                exact += usize::from(got == want);
+                // Rounding is judged where no flush can intervene: input and
+                // product in f32's normal range (SwiftShader flushes the rest).
+                let tiny = |x: f64| x != 0.0 && x.abs() < f32::MIN_POSITIVE as f64;
+                if !tiny(ty.decode(g)) && !tiny(ty.decode(g) * coef) {
+                    normal += 1;
+                    exact += usize::from(got == want);
+                }
             }
             // One f32 rounding before the 16-bit one: ties of the second are rare.
             assert!(
-                exact * 1000 >= after.len() * 999,
-                "{ty:?} {name}: {exact} of {} exact",
+                exact * 1000 >= normal * 999 && normal * 10 >= after.len() * 9,
+                "{ty:?} {name}: {exact} of {normal} normal-range elements exact ({} in all)",
                 after.len()
             );
         }
