@@ -56,6 +56,23 @@ fn gradients(n: usize, step: usize) -> Vec<f32> {
         .collect()
 }
 
+/// One training step of both models on the same `grads`: `fused` records
+/// the norm and steps with the coefficient applied on load, `plain` clips in
+/// place and steps plainly.
+fn step_both(fused: &Model, plain: &Model, grads: &[f32], clip: &ClipNorm) {
+    let g = gpu();
+    g.queue
+        .write_buffer(&fused.grads, 0, bytemuck::cast_slice(grads));
+    g.queue
+        .write_buffer(&plain.grads, 0, bytemuck::cast_slice(grads));
+    let mut encoder = g.device.create_command_encoder(&Default::default());
+    fused.set.record_norm(&mut encoder, clip).unwrap();
+    fused.sgd.encode(&mut encoder);
+    plain.set.clip_norm(&mut encoder, clip).unwrap();
+    plain.sgd.encode(&mut encoder);
+    g.queue.submit([encoder.finish()]);
+}
+
 #[test]
 fn fused_step_equals_clip_then_step() {
     let g = gpu();
@@ -70,17 +87,7 @@ fn fused_step_equals_clip_then_step() {
         let fused = model(&params, &gradients(n, 0), &sizes, APPLY_COEFFICIENT);
         let plain = model(&params, &gradients(n, 0), &sizes, 0);
         for step in 0..3 {
-            let grads = gradients(n, step);
-            g.queue
-                .write_buffer(&fused.grads, 0, bytemuck::cast_slice(&grads));
-            g.queue
-                .write_buffer(&plain.grads, 0, bytemuck::cast_slice(&grads));
-            let mut encoder = g.device.create_command_encoder(&Default::default());
-            fused.set.record_norm(&mut encoder, &clip).unwrap();
-            fused.sgd.encode(&mut encoder);
-            plain.set.clip_norm(&mut encoder, &clip).unwrap();
-            plain.sgd.encode(&mut encoder);
-            g.queue.submit([encoder.finish()]);
+            step_both(&fused, &plain, &gradients(n, step), &clip);
         }
         let a = download(&g.device, &g.queue, &fused.params, n);
         let b = download(&g.device, &g.queue, &plain.params, n);
@@ -104,18 +111,7 @@ fn fused_step_propagates_nonfinite_norms_like_pytorch() {
     grads[7] = f32::INFINITY;
     let fused = model(&params, &grads, &[n], APPLY_COEFFICIENT);
     let plain = model(&params, &grads, &[n], 0);
-    let mut encoder = g.device.create_command_encoder(&Default::default());
-    fused
-        .set
-        .record_norm(&mut encoder, &ClipNorm::new(1.0))
-        .unwrap();
-    fused.sgd.encode(&mut encoder);
-    plain
-        .set
-        .clip_norm(&mut encoder, &ClipNorm::new(1.0))
-        .unwrap();
-    plain.sgd.encode(&mut encoder);
-    g.queue.submit([encoder.finish()]);
+    step_both(&fused, &plain, &grads, &ClipNorm::new(1.0));
     let a = download(&g.device, &g.queue, &fused.params, n);
     assert_identical(
         &a,
@@ -188,16 +184,7 @@ fn fused_amp_step_equals_unscaling_clip_then_step() {
         if step == 3 {
             grads[n - 1] = f32::INFINITY;
         }
-        g.queue
-            .write_buffer(&fused.grads, 0, bytemuck::cast_slice(&grads));
-        g.queue
-            .write_buffer(&plain.grads, 0, bytemuck::cast_slice(&grads));
-        let mut encoder = g.device.create_command_encoder(&Default::default());
-        fused.set.record_norm(&mut encoder, &clip).unwrap();
-        fused.sgd.encode(&mut encoder);
-        plain.set.clip_norm(&mut encoder, &clip).unwrap();
-        plain.sgd.encode(&mut encoder);
-        g.queue.submit([encoder.finish()]);
+        step_both(&fused, &plain, &grads, &clip);
     }
     assert_identical(
         &download(&g.device, &g.queue, &fused.params, n),
