@@ -1,5 +1,6 @@
-//! The golden cases of `../shared/golden/torch_clip_cases.json` (PyTorch 2.15
-//! and the TensorFlow formula); format in `../shared/golden/README.md`.
+//! The golden cases of `tests/data/torch_clip_cases.json` (PyTorch 2.15 and
+//! the TensorFlow formula), vendored into the repository; format in
+//! `tests/data/README.md`.
 
 use base64::Engine;
 use serde_json::Value;
@@ -55,7 +56,7 @@ fn decode_floats(b64: &str) -> Vec<f32> {
 
 #[cfg(not(target_arch = "wasm32"))]
 pub fn path() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/golden/torch_clip_cases.json")
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/torch_clip_cases.json")
 }
 
 #[cfg(not(target_arch = "wasm32"))]
@@ -70,7 +71,7 @@ pub fn cases() -> Vec<Case> {
 pub fn cases() -> Vec<Case> {
     parse(include_str!(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../shared/golden/torch_clip_cases.json"
+        "/tests/data/torch_clip_cases.json"
     )))
 }
 
