@@ -13,25 +13,32 @@
 // the device's limits; it must be a power of two (tree reductions halve it).
 override WG: u32 = 256u;
 
+// The reduction of the reduce and finalize pipelines: 0 = L2, 1 = Inf,
+// 2 = general p. The host makes one pipeline per kind from one entry point.
+override KIND: u32 = 0u;
+
 // ClipConfig.semantics
 const SEMANTICS_TORCH: u32 = 0u;
 const SEMANTICS_TENSORFLOW: u32 = 1u;
 
 // ClipConfig.flags bits
-const CFG_TENSOR_NORMS: u32 = 1u; // compute every tensor's norm
-const CFG_PER_TENSOR: u32 = 2u;   // clip each tensor by its own norm
-const CFG_NO_SCALE: u32 = 4u;     // norm and coefficient only: leave the gradients alone
-const CFG_UNSCALE: u32 = 8u;      // divide by the loss scale, skip on non-finite, update the scale
+const CFG_TENSOR_NORMS: u32 = 1u;       // compute every tensor's norm
+const CFG_PER_TENSOR: u32 = 2u;         // clip each tensor by its own norm
+const CFG_NO_SCALE: u32 = 4u;           // norm and coefficient only: leave the gradients alone
+const CFG_UNSCALE: u32 = 8u;            // divide by the loss scale, skip on non-finite, update the scale
+const CFG_ERROR_IF_NONFINITE: u32 = 16u; // a non-finite norm leaves the gradients untouched
+const CFG_SUPPLIED: u32 = 32u;          // the total is cfg.supplied, not a reduction of the gradients
 
-// ClipState.nonfinite bits
+// ClipState.nonfinite / Partial.flags bits
 const FLAG_INF: u32 = 1u;
 const FLAG_NAN: u32 = 2u;
+const FLAG_INVALID: u32 = 4u; // a supplied partial no reduction can produce (ClipState only)
 
 // ClipState.scale_kind: how the scale pass treats each element.
 const SCALE_MULTIPLY: u32 = 0u;    // g * coefficient (every g is finite here)
 const SCALE_ZERO_FINITE: u32 = 1u; // PyTorch with an inf norm: finite -> signed 0, inf/NaN -> NaN
 const SCALE_ALL_NAN: u32 = 2u;     // NaN norm (or TensorFlow with any non-finite norm)
-const SCALE_PER_TENSOR: u32 = 3u;  // g * stats.tensors[tensor].coefficient
+const SCALE_PER_TENSOR: u32 = 3u;  // g * stats.tensors[tensor]'s coefficient
 
 const ABS_MASK: u32 = 0x7fffffffu;
 const EXP_MASK: u32 = 0x7f800000u;
@@ -41,8 +48,12 @@ const QUIET_NAN: u32 = 0x7fc00000u;
 const POS_INF: u32 = 0x7f800000u;
 const ONE_BITS: u32 = 0x3f800000u;
 
+// Reports of the last LOG_LEN steps stay on the GPU, at log[step % LOG_LEN].
+const LOG_LEN: u32 = 64u;
+
 // One tensor's slice of the flat buffer, cut at the chunk length and at the
 // binding-window boundaries. `start` counts elements from the window's start.
+// Stored as three words of the plan table.
 struct Chunk {
     start: u32,
     len: u32,
@@ -59,10 +70,11 @@ struct Partial {
     flags: u32,
 }
 
-// Per binding window, written once by the host. The chunk table holds two
+// Per binding window, written once by the host. The plan table holds two
 // cuts of the same elements: per-tensor chunks at [0, chunk_count), and flat
 // chunks, which run across tensor boundaries, at [chunk_count, chunk_count +
-// flat_count). Partials are indexed like the table.
+// flat_count); then, from word ranges_at, each tensor's [begin, end) range of
+// partials. Partials are indexed like the chunks.
 struct WindowInfo {
     chunk_begin: u32,      // this window's per-tensor chunks
     chunk_end: u32,
@@ -73,36 +85,33 @@ struct WindowInfo {
     flat_end: u32,
     flat_count: u32,       // flat chunks of all windows
     flat_workgroups: u32,  // grid-stride workgroups over flat chunks
+    ranges_at: u32,        // word index of the per-tensor partial ranges
+    _pad: vec2<u32>,
 }
 
-// One clip's parameters, written by the host once per distinct configuration.
+// One clip's parameters. The host records a copy of them into this uniform
+// at the start of every clip, in the clip's own command stream, so clips
+// recorded in any order and submitted in any order each see their own.
 struct ClipConfig {
     semantics: u32,
-    error_if_nonfinite: u32,
     p: f32,
     max_norm: f32,
+    flags: u32,     // CFG_*
     clamp_min: f32,
     clamp_max: f32,
-    flags: u32,  // CFG_*
+    step: u32,      // low 32 bits of the host's step number
     _pad: u32,
+    supplied: Partial,  // the total when flags has CFG_SUPPLIED
 }
 
-// The clip's result, written by finalize, read by scale and copied to the
-// host. The loss scale lives here too (not in a binding of its own: that
-// would be a fifth storage buffer, more than downlevel devices allow), so an
-// optimizer or loss shader that binds this record alone at offset 0 sees the
-// coefficient, found_inf and the scale for the next backward pass.
-struct ClipState {
-    total_norm: f32,     // of g / S when unscaling
-    coefficient: f32,    // factor applied to the stored gradients (clip / S when unscaling)
-    nonfinite: u32,      // FLAG_* of the elements
-    scale_kind: u32,
-    dispatch: array<u32, 3>,  // indirect args of the scale pass
-    found_inf: u32,      // 1: an unscaling clip saw a non-finite element; gradients untouched, skip the step
-    loss_scale: f32,     // S for the next backward pass (after this clip's GradScaler update)
-    unscaled_by: f32,    // S this clip divided by (1 when it did not unscale)
-    growth_tracker: u32, // GradScaler's count of successive finite steps
-    _pad: u32,
+// ClipState (the clip's result, written by finalize, read by scale and by
+// optimizer or loss shaders) is declared in clip_state.wgsl, which every
+// module starts with.
+
+// One step's report as kept in the log.
+struct LogEntry {
+    state: ClipState,
+    partial: Partial,
 }
 
 // GradScaler's update rule parameters, written by the host (set_loss_scaler).
@@ -113,30 +122,44 @@ struct ScalerConfig {
     _pad: u32,
 }
 
-@group(0) @binding(1) var<storage, read> chunks: array<Chunk>;
+// The plan table: chunks (three words each) and per-tensor partial ranges
+// (two words each), written once at bind.
+@group(0) @binding(1) var<storage, read> plan: array<u32>;
 @group(0) @binding(2) var<storage, read_write> partials: array<Partial>;
-// One tensor's chunk range (written by the host) and its norm and
-// coefficient (written by finalize when asked for).
+// A tensor's norm and coefficient (written by finalize when asked for).
 struct TensorStat {
-    chunk_begin: u32,
-    chunk_end: u32,
     norm: f32,
-    coefficient: f32,
+    coef_mant: f32,
+    coef_exp: i32,
+    _pad: u32,
 }
 
 // Everything finalize leaves on the GPU; `state` comes first so that
-// optimizers and loss shaders can bind its 48 bytes alone (at offset 0, which
+// optimizers and loss shaders can bind its 64 bytes alone (at offset 0, which
 // satisfies any storage offset alignment).
 struct Stats {
     state: ClipState,
     partial: Partial,
     scaler: ScalerConfig,
+    tensors_step: u32,  // low 32 bits of the step whose results `tensors` holds
+    log: array<LogEntry, LOG_LEN>,
     tensors: array<TensorStat>,
 }
 
 @group(0) @binding(3) var<storage, read_write> stats: Stats;
 @group(0) @binding(4) var<uniform> win: WindowInfo;
 @group(0) @binding(5) var<uniform> cfg: ClipConfig;
+
+fn chunk_at(c: u32) -> Chunk {
+    let i = 3u * c;
+    return Chunk(plan[i], plan[i + 1u], plan[i + 2u]);
+}
+
+// Tensor t's partials, as [begin, end).
+fn tensor_partials(t: u32) -> vec2<u32> {
+    let i = win.ranges_at + 2u * t;
+    return vec2(plan[i], plan[i + 1u]);
+}
 
 // Whether this clip needs per-tensor results, and so walks the per-tensor
 // chunks; otherwise the flat ones, where thousands of small tensors cost

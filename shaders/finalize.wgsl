@@ -1,16 +1,31 @@
 // Finalize pass: one workgroup folds every chunk's Partial in a fixed order
 // into the total, computes per-tensor norms and coefficients when asked,
-// turns the total into the clip coefficient with the requested semantics,
-// and writes Stats, including the scale pass's indirect dispatch (zero
-// workgroups when nothing needs to change). Reduction kinds: 0 = L2, 1 = Inf,
-// 2 = general p.
+// turns the total into the clip factor with the requested semantics, and
+// writes Stats: the state (including the scale pass's indirect dispatch,
+// zero workgroups when nothing needs to change) and the step's entry of the
+// report log. Reduction kinds: 0 = L2, 1 = Inf, 2 = general p.
 
-// A norm as an f32 (inf if it overflows) and exactly as y * 2^k.
+// A norm as an f32 (inf if it overflows) and exactly as y * 2^k, y in [1, 2)
+// (y = 0 for a zero norm).
 struct NormValue {
     norm: f32,
     y: f32,
     k: i32,
 }
+
+// A positive finite y * 2^k, normalised so that y is in [1, 2).
+fn normalised(y: f32, k: i32) -> NormValue {
+    if y == 0.0 {
+        return NormValue(0.0, 0.0, 0);
+    }
+    let d = decode(bitcast<u32>(y));
+    return NormValue(scale_pow2(d.m, d.e + k), d.m, d.e + k);
+}
+
+// Exponents beyond this are clamped: the value is then far outside f32 (and
+// f64) either way, and i32 arithmetic on them stays exact. Tiny p makes
+// log2(norm) huge (p = 1e-10 over two equal elements gives 2^(10^10)).
+const EXP_CLAMP: f32 = 4096.0;
 
 fn norm_value(q: Partial, kind: u32) -> NormValue {
     switch kind {
@@ -21,19 +36,13 @@ fn norm_value(q: Partial, kind: u32) -> NormValue {
             // Bring the bins to the scale of the largest non-empty one (the
             // squares carry twice the element scale); what falls below the
             // normal range there is negligible against the bin it joins.
-            var y: f32;
-            var k: i32;
             if big > 0.0 {
-                y = sqrt(big + mul_pow2(medium, -168));
-                k = 84;
-            } else if medium >= 0x1p-50f || small == 0.0 {
-                y = sqrt(medium + mul_pow2(small, -172));
-                k = 0;
-            } else {
-                y = sqrt(small + mul_pow2(medium, 172));
-                k = -86;
+                return normalised(sqrt(big + mul_pow2(medium, -168)), 84);
             }
-            return NormValue(scale_pow2(y, k), y, k);
+            if medium >= 0x1p-50f || small == 0.0 {
+                return normalised(sqrt(medium + mul_pow2(small, -172)), 0);
+            }
+            return normalised(sqrt(small + mul_pow2(medium, 172)), -86);
         }
         case 1u: {
             // Exact: the bits of the largest |g|, subnormal or not.
@@ -52,20 +61,55 @@ fn norm_value(q: Partial, kind: u32) -> NormValue {
             // norm = m * 2^E * s^(1/p); log2 taken on s's mantissa in [0.5, 1),
             // where log2 is accurate to 2^-21 absolute.
             let parts = frexp(s);
-            let l = log2(q.v.y) + (f32(parts.exp) + log2(parts.fract)) / cfg.p;
+            let l = clamp(log2(q.v.y) + (f32(parts.exp) + log2(parts.fract)) / cfg.p, -EXP_CLAMP, EXP_CLAMP);
             let whole = floor(l);
-            let y = exp2(l - whole);
-            let k = i32(q.v.z) + i32(whole);
-            return NormValue(scale_pow2(y, k), y, k);
+            return normalised(exp2(l - whole), i32(q.v.z) + i32(whole));
         }
     }
 }
 
-// A norm's coefficient under cfg's semantics, with the element flags that
-// make it NaN or infinite.
+// A clip factor, exactly: m * 2^e with m in [1, 2), or m = 0, or m NaN.
+struct Factor {
+    m: f32,
+    e: i32,
+}
+
+fn factor_one() -> Factor {
+    return Factor(1.0, 0);
+}
+
+// num / (dm * 2^de) for num >= 0 finite (subnormal included) and dm in [1, 2):
+// one rounding of the mantissa quotient, whatever the exponents.
+fn divide(num: f32, dm: f32, de: i32) -> Factor {
+    let a = bitcast<u32>(num) & ABS_MASK;
+    if a == 0u {
+        return Factor(0.0, 0);
+    }
+    let n = decode(a);
+    let q = n.m / dm; // in (0.5, 2)
+    if q < 1.0 {
+        return Factor(q * 2.0, n.e - de - 1);
+    }
+    return Factor(q, n.e - de);
+}
+
+fn factor_f32(f: Factor) -> f32 {
+    let b = bitcast<u32>(f.m);
+    if (b & ABS_MASK) == 0u || (b & EXP_MASK) == EXP_MASK {
+        return f.m;
+    }
+    return clip_compose(0u, f.m, f.e);
+}
+
+fn is_one(f: Factor) -> bool {
+    return bitcast<u32>(f.m) == ONE_BITS && f.e == 0;
+}
+
+// A norm's clip factor under cfg's semantics, with the element flags that
+// make it NaN or zero.
 struct Coefficient {
     norm: f32,
-    value: f32,
+    factor: Factor,
     scale_kind: u32,
 }
 
@@ -74,24 +118,32 @@ fn coefficient(nv: NormValue, flags: u32) -> Coefficient {
         // PyTorch: max_norm / (inf + eps) = 0, and NaN spreads. TensorFlow:
         // any non-finite norm makes every gradient NaN.
         let nan = (flags & FLAG_NAN) != 0u;
-        let norm = bitcast<f32>(select(POS_INF, QUIET_NAN, nan));
+        let norm = f32_from_bits(select(POS_INF, QUIET_NAN, nan));
         if cfg.semantics == SEMANTICS_TORCH && !nan {
-            return Coefficient(norm, 0.0, SCALE_ZERO_FINITE);
+            return Coefficient(norm, Factor(0.0, 0), SCALE_ZERO_FINITE);
         }
-        return Coefficient(norm, f32_from_bits(QUIET_NAN), SCALE_ALL_NAN);
+        return Coefficient(norm, Factor(f32_from_bits(QUIET_NAN), 0), SCALE_ALL_NAN);
     }
-    var c: f32;
-    if !is_finite_f32(nv.norm) {
-        // The norm overflows f32; its exact form still gives the ratio.
-        c = scale_pow2(cfg.max_norm / nv.y, -nv.k);
-    } else if cfg.semantics == SEMANTICS_TORCH {
-        c = min(cfg.max_norm / (nv.norm + 1e-6), 1.0);
-    } else if nv.norm <= cfg.max_norm {
-        c = 1.0;
+    var f: Factor;
+    if cfg.semantics == SEMANTICS_TORCH {
+        if is_finite_f32(nv.norm) {
+            // PyTorch's f32 arithmetic: max_norm / (norm + 1e-6), min 1.
+            let d = decode(bitcast<u32>(nv.norm + 1e-6));
+            f = divide(cfg.max_norm, d.m, d.e);
+        } else {
+            // The norm overflows f32; its exact form still gives the ratio.
+            f = divide(cfg.max_norm, nv.y, nv.k);
+        }
+        if f.m != 0.0 && f.e >= 0 {
+            // min(coefficient, 1); a zero max_norm keeps its zero factor.
+            f = factor_one();
+        }
+    } else if is_finite_f32(nv.norm) && nv.norm <= cfg.max_norm {
+        f = factor_one();
     } else {
-        c = cfg.max_norm / nv.norm;
+        f = divide(cfg.max_norm, nv.y, nv.k);
     }
-    return Coefficient(nv.norm, c, SCALE_MULTIPLY);
+    return Coefficient(nv.norm, f, SCALE_MULTIPLY);
 }
 
 // Whether S can divide: finite, positive and normal. GradScaler's backoff
@@ -102,53 +154,77 @@ fn usable_scale(s: f32) -> bool {
     return b >= 0x00800000u && b < EXP_MASK;
 }
 
-// The norm of g / S from the norm of g = y * 2^k: S = m * 2^e, so one
-// division by m (none for the powers of two GradScaler keeps) and exponent
-// arithmetic; correct where g's norm overflows f32 and g / S's does not.
-fn unscaled(nv: NormValue, s: f32) -> NormValue {
-    if nv.y == 0.0 {
-        return NormValue(0.0, 0.0, 0);
-    }
-    let d = decode(bitcast<u32>(s));
-    let y = nv.y / d.m;
-    let k = nv.k - d.e;
-    return NormValue(scale_pow2(y, k), y, k);
-}
-
 // The norm (of g / S when `unscaling`) and the factor that the stored
-// gradients are multiplied by: the clip coefficient, divided by S when
-// unscaling, so that one multiply unscales and clips. `s` is usable when
-// `unscaling` and no element is non-finite.
+// gradients are multiplied by: the clip factor, divided by S when unscaling,
+// so that one multiply unscales and clips. `s` is usable when `unscaling`
+// and no element is non-finite.
 fn clip_of(q: Partial, kind: u32, unscaling: bool, s: f32) -> Coefficient {
     let nv = norm_value(q, kind);
     if !unscaling || q.flags != 0u {
         return coefficient(nv, q.flags);
     }
     let d = decode(bitcast<u32>(s));
-    let c = coefficient(unscaled(nv, s), 0u);
-    return Coefficient(c.norm, scale_pow2(c.value / d.m, -d.e), c.scale_kind);
+    // The norm of g / S = y * 2^k / (m_S * 2^e_S): one division by m_S (none
+    // for the powers of two GradScaler keeps) and exponent arithmetic.
+    var unscaled = NormValue(0.0, 0.0, 0);
+    if nv.y != 0.0 {
+        unscaled = normalised(nv.y / d.m, nv.k - d.e);
+    }
+    let c = coefficient(unscaled, 0u);
+    return Coefficient(c.norm, divide(c.factor.m, d.m, d.e - c.factor.e), c.scale_kind);
+}
+
+// Whether a supplied total can come out of a reduction of `kind`: the same
+// rules as NormPartial::from_bytes and NormPartial::check on the host, so the
+// GPU and the CPU agree on which partials they accept.
+fn valid_partial(q: Partial, kind: u32) -> bool {
+    if (q.flags & ~(FLAG_INF | FLAG_NAN)) != 0u {
+        return false;
+    }
+    let b = bitcast<vec3<u32>>(q.v);
+    // Every value finite; sums and maxima non-negative (+0 included, -0
+    // not); the third value negative only as a general-p exponent, never -0.
+    if any((b & vec3(EXP_MASK)) == vec3(EXP_MASK)) || ((b.x | b.y) & SIGN_MASK) != 0u
+        || b.z == SIGN_MASK || (kind != 2u && (b.z & SIGN_MASK) != 0u) {
+        return false;
+    }
+    switch kind {
+        case 1u: {
+            return b.y == 0u && b.z == 0u;
+        }
+        case 2u: {
+            if b.x == 0u {
+                return b.y == 0u && b.z == 0u;
+            }
+            return b.x >= ONE_BITS && b.y >= ONE_BITS && b.y < 0x40000000u
+                && q.v.z == floor(q.v.z) && q.v.z >= -149.0 && q.v.z <= 127.0;
+        }
+        default: {
+            return true;
+        }
+    }
 }
 
 var<workgroup> any_tensor_clipped: atomic<u32>;
 
-// Every tensor's norm and coefficient into stats.tensors; called by all
-// invocations. Returns whether any tensor coefficient differs from 1 (only
+// Every tensor's norm and factor into stats.tensors; called by all
+// invocations. Returns whether any tensor factor differs from 1 (only
 // invocation 0 uses the answer, so it needs no uniformity).
 fn tensor_norms(t: u32, kind: u32) -> bool {
     if t == 0u {
         atomicStore(&any_tensor_clipped, 0u);
+        stats.tensors_step = cfg.step;
     }
     let unscaling = (cfg.flags & CFG_UNSCALE) != 0u;
     let s = stats.state.loss_scale;
     let unscale = unscaling && usable_scale(s);
     workgroupBarrier();
     for (var i = t; i < win.tensor_count; i += WG) {
-        let range = stats.tensors[i];
-        let q = fold_range(kind, range.chunk_begin, range.chunk_end);
+        let range = tensor_partials(i);
+        let q = fold_range(kind, range.x, range.y);
         let c = clip_of(q, kind, unscale, s);
-        stats.tensors[i].norm = c.norm;
-        stats.tensors[i].coefficient = c.value;
-        if bitcast<u32>(c.value) != ONE_BITS {
+        stats.tensors[i] = TensorStat(c.norm, c.factor.m, c.factor.e, 0u);
+        if !is_one(c.factor) {
             atomicOr(&any_tensor_clipped, 1u);
         }
     }
@@ -178,35 +254,58 @@ fn update_scale(st: ptr<function, ClipState>, found_inf: bool) {
     }
 }
 
-// Writes stats.state for the total `q`; when unscaling, also decides
-// found_inf and applies GradScaler's update to the loss scale.
+// Writes stats.state and the step's log entry for the total `q`; when
+// unscaling, also decides found_inf and applies GradScaler's update to the
+// loss scale.
 fn finish(q: Partial, kind: u32, per_tensor_clips: bool) {
     var st = stats.state; // keeps loss_scale and growth_tracker
+    st.step = cfg.step;
+    st.flags = cfg.flags;
+    if !valid_partial(q, kind) {
+        // Garbage supplied by the caller: touch nothing, change no scale,
+        // and say so (the report is Error::InvalidPartial).
+        st.total_norm = f32_from_bits(QUIET_NAN);
+        st.nonfinite = FLAG_INVALID;
+        st.scale_kind = SCALE_MULTIPLY;
+        st.coefficient = 1.0;
+        st.coef_mant = 1.0;
+        st.coef_exp = 0;
+        st.found_inf = 0u;
+        st.unscaled_by = 1.0;
+        st.dispatch = array<u32, 3>(0u, 1u, 1u);
+        stats.state = st;
+        stats.log[cfg.step % LOG_LEN] = LogEntry(st, q);
+        return;
+    }
     let unscaling = (cfg.flags & CFG_UNSCALE) != 0u;
     let s = st.loss_scale;
     let found_inf = unscaling && (q.flags != 0u || !usable_scale(s));
     let c = clip_of(q, kind, unscaling && !found_inf, s);
+    var factor = c.factor;
     st.total_norm = c.norm;
     st.nonfinite = q.flags;
-    st.coefficient = c.value;
     st.scale_kind = c.scale_kind;
     st.found_inf = u32(found_inf);
     st.unscaled_by = select(1.0, s, unscaling);
-    var scale = c.scale_kind != SCALE_MULTIPLY || bitcast<u32>(c.value) != ONE_BITS;
+    var scale = c.scale_kind != SCALE_MULTIPLY || !is_one(factor);
     if (cfg.flags & CFG_PER_TENSOR) != 0u {
-        // The report's coefficient stays the global one; the gradients get their tensor's.
+        // The report's factor stays the global one; the gradients get their tensor's.
         st.scale_kind = SCALE_PER_TENSOR;
         scale = per_tensor_clips;
     }
-    let skip = found_inf || (q.flags != 0u && cfg.error_if_nonfinite != 0u);
+    let skip = found_inf || (q.flags != 0u && (cfg.flags & CFG_ERROR_IF_NONFINITE) != 0u);
     if skip || (cfg.flags & CFG_NO_SCALE) != 0u {
         scale = false;
     }
     if skip {
         // Untouched gradients: an optimizer multiplying on load sees 1 and
         // found_inf / nonfinite tell it to skip the step.
-        st.coefficient = 1.0;
+        factor = factor_one();
+        st.scale_kind = SCALE_MULTIPLY;
     }
+    st.coef_mant = factor.m;
+    st.coef_exp = factor.e;
+    st.coefficient = factor_f32(factor);
     if found_inf && q.flags == 0u {
         st.total_norm = f32_from_bits(POS_INF); // finite g over a zero scale
     }
@@ -215,82 +314,46 @@ fn finish(q: Partial, kind: u32, per_tensor_clips: bool) {
     }
     st.dispatch = array<u32, 3>(select(0u, stride_workgroups(), scale), 1u, 1u);
     stats.state = st;
+    stats.log[cfg.step % LOG_LEN] = LogEntry(st, q);
 }
 
-// Shared body of the finalize entry points.
-fn finalize(t: u32, kind: u32) {
+// finalize — reads: partials of all_chunks() from the reduce pass, cfg,
+// the plan's per-tensor partial ranges, stats.state's loss scale and stats.scaler.
+// Writes: stats.state, stats.partial, stats.log[cfg.step % LOG_LEN], and
+// stats.tensors when cfg.flags asks for per-tensor results.
+// Dispatch: (1, 1, 1). The reduction kind is the pipeline override KIND.
+@compute @workgroup_size(WG)
+fn finalize(@builtin(local_invocation_index) t: u32) {
     var acc = vec3<f32>(0.0);
     var flags = 0u;
     let range = all_chunks();
     for (var c = range.x + t; c < range.y; c += WG) {
         let q = partials[c];
-        acc = merge(kind, acc, q.v);
+        acc = merge(KIND, acc, q.v);
         flags |= q.flags;
     }
     wg_v[t] = acc;
     wg_f[t] = flags;
-    tree_reduce(t, kind);
+    tree_reduce(t, KIND);
     var per_tensor_clips = false;
     if (cfg.flags & (CFG_TENSOR_NORMS | CFG_PER_TENSOR)) != 0u {
-        per_tensor_clips = tensor_norms(t, kind);
+        per_tensor_clips = tensor_norms(t, KIND);
     }
     if t == 0u {
         let total = Partial(wg_v[0], wg_f[0]);
         stats.partial = total;
-        finish(total, kind, per_tensor_clips);
+        finish(total, KIND, per_tensor_clips);
     }
 }
 
-// finalize_l2 — reads: partials of all_chunks() from reduce_l2, cfg, stats.tensors ranges.
-// Writes: stats (state, partial, per-tensor norms when cfg.flags asks; with
-// CFG_UNSCALE reads and updates the loss scale in stats.state from stats.scaler). Dispatch: (1, 1, 1).
+// finish_supplied — reads: cfg.supplied (a total combined across shards,
+// recorded by the host or copied from the caller's buffer), cfg, stats.state's
+// loss scale and stats.scaler. Writes: stats.state, stats.partial, stats.log[cfg.step % LOG_LEN].
+// Dispatch: (1, 1, 1); one invocation works. The reduction kind is the pipeline override KIND.
 @compute @workgroup_size(WG)
-fn finalize_l2(@builtin(local_invocation_index) t: u32) {
-    finalize(t, 0u);
-}
-
-// finalize_inf — reads: partials of all_chunks() from reduce_inf, cfg, stats.tensors ranges.
-// Writes: stats (state, partial, per-tensor norms when cfg.flags asks; with
-// CFG_UNSCALE reads and updates the loss scale in stats.state from stats.scaler). Dispatch: (1, 1, 1).
-@compute @workgroup_size(WG)
-fn finalize_inf(@builtin(local_invocation_index) t: u32) {
-    finalize(t, 1u);
-}
-
-// finalize_p — reads: partials of all_chunks() from reduce_p, cfg, stats.tensors ranges.
-// Writes: stats (state, partial, per-tensor norms when cfg.flags asks; with
-// CFG_UNSCALE reads and updates the loss scale in stats.state from stats.scaler). Dispatch: (1, 1, 1).
-@compute @workgroup_size(WG)
-fn finalize_p(@builtin(local_invocation_index) t: u32) {
-    finalize(t, 2u);
-}
-
-// finish_l2 — reads: stats.partial (a total combined across shards, copied in by the host), cfg.
-// Writes: stats.state (with CFG_UNSCALE: found_inf and the updated loss scale, from stats.scaler).
-// Dispatch: (1, 1, 1); one invocation works.
-@compute @workgroup_size(WG)
-fn finish_l2(@builtin(local_invocation_index) t: u32) {
+fn finish_supplied(@builtin(local_invocation_index) t: u32) {
     if t == 0u {
-        finish(stats.partial, 0u, false);
-    }
-}
-
-// finish_inf — reads: stats.partial (a total combined across shards), cfg.
-// Writes: stats.state (with CFG_UNSCALE: found_inf and the updated loss scale, from stats.scaler).
-// Dispatch: (1, 1, 1); one invocation works.
-@compute @workgroup_size(WG)
-fn finish_inf(@builtin(local_invocation_index) t: u32) {
-    if t == 0u {
-        finish(stats.partial, 1u, false);
-    }
-}
-
-// finish_p — reads: stats.partial (a total combined across shards), cfg.
-// Writes: stats.state (with CFG_UNSCALE: found_inf and the updated loss scale, from stats.scaler).
-// Dispatch: (1, 1, 1); one invocation works.
-@compute @workgroup_size(WG)
-fn finish_p(@builtin(local_invocation_index) t: u32) {
-    if t == 0u {
-        finish(stats.partial, 2u, false);
+        stats.partial = cfg.supplied;
+        finish(cfg.supplied, KIND, false);
     }
 }

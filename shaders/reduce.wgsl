@@ -57,8 +57,8 @@ fn has_second(i: u32, len: u32) -> bool {
 }
 
 // Folds one element (its f32 bits) into a reduction of the given kind
-// (0 = L2, 1 = Inf with the max's bits kept in acc.x, 2 = general p). Each
-// entry point passes a constant kind, so compilers drop the other arms.
+// (0 = L2, 1 = Inf with the max's bits kept in acc.x, 2 = general p). The
+// kind is the pipeline override KIND, so compilers drop the other arms.
 fn add_element(kind: u32, acc: ptr<function, vec3<f32>>, flags: ptr<function, u32>, bits: u32) {
     switch kind {
         case 0u: {
@@ -81,7 +81,7 @@ fn reduce_window(wg: u32, t: u32, kind: u32) {
     let range = window_chunks();
     let stride = stride_workgroups();
     for (var c = range.x + wg; c < range.y; c += stride) {
-        let ch = chunks[c];
+        let ch = chunk_at(c);
         var acc = vec3<f32>(0.0);
         var flags = 0u;
         for (var i = t * UNIT; i < ch.len; i += WG * UNIT) {
@@ -101,26 +101,13 @@ fn reduce_window(wg: u32, t: u32, kind: u32) {
     }
 }
 
-// reduce_l2 — reads: grads (this window's chunks), chunks, win.
-// Writes: partials[c] = (small, medium, big) scaled sums of squares + flags.
+// reduce — reads: grads (this window's chunks), the plan's chunks, win, cfg.p.
+// Writes: partials[c] for each chunk c of window_chunks(): for KIND 0 (L2)
+// (small, medium, big) scaled sums of squares, for 1 (Inf) the bits of max
+// |g| over finite g, for 2 (p) (s, m, E) = sum(|g|^p) relative to the largest
+// |g| = m * 2^E; each with its FLAG_* bits.
 // Dispatch: (stride_workgroups(), 1, 1), workgroups striding over window_chunks().
 @compute @workgroup_size(WG)
-fn reduce_l2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    reduce_window(wg.x, t, 0u);
-}
-
-// reduce_inf — reads: grads (this window's chunks), chunks, win.
-// Writes: partials[c].v.x = bits of max |g| over finite g + flags.
-// Dispatch: (stride_workgroups(), 1, 1), workgroups striding over window_chunks().
-@compute @workgroup_size(WG)
-fn reduce_inf(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    reduce_window(wg.x, t, 1u);
-}
-
-// reduce_p — reads: grads (this window's chunks), chunks, win, cfg.p.
-// Writes: partials[c] = (s, m, E): sum(|g|^p) relative to the largest |g| = m * 2^E + flags.
-// Dispatch: (stride_workgroups(), 1, 1), workgroups striding over window_chunks().
-@compute @workgroup_size(WG)
-fn reduce_p(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    reduce_window(wg.x, t, 2u);
+fn reduce(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    reduce_window(wg.x, t, KIND);
 }

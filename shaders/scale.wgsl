@@ -3,9 +3,12 @@
 // transformed in f32 and encoded back in the element type (round to nearest
 // even for 16-bit types); invocations own whole units (storage words).
 
-fn scaled(g: f32, kind: u32, coef: f32) -> f32 {
+// g under a scale kind; for SCALE_MULTIPLY times the exact factor m * 2^e
+// (`fast` is clip_fast_factor(m, e)), so that a factor below
+// f32::MIN_POSITIVE or a subnormal g is not flushed on drivers that flush.
+fn scaled(g: f32, kind: u32, fast: f32, m: f32, e: i32) -> f32 {
     if kind == SCALE_MULTIPLY {
-        return g * coef;
+        return clip_mul_exact(g, fast, m, e);
     }
     let bits = bitcast<u32>(g);
     if kind == SCALE_ZERO_FINITE && (bits & EXP_MASK) != EXP_MASK {
@@ -40,31 +43,33 @@ fn clamped(g: f32, lo: i32, hi: i32) -> f32 {
     return g;
 }
 
-// scale — reads: stats.state.coefficient / scale_kind (from finalize), per
-// tensor coefficients when clipping per tensor, grads of this window's
-// chunks. Writes: those grads, in place.
+// scale — reads: stats.state's factor and scale_kind (from finalize), per
+// tensor factors when clipping per tensor, grads of this window's chunks.
+// Writes: those grads, in place.
 // Dispatch: indirect from ClipState.dispatch: (stride_workgroups() or 0, 1, 1),
 // workgroups striding over the window's chunks.
 @compute @workgroup_size(WG)
 fn scale(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let global_kind = stats.state.scale_kind;
-    let global_coef = stats.state.coefficient;
     let per_tensor = global_kind == SCALE_PER_TENSOR;
     let range = window_chunks();
     let stride = stride_workgroups();
     for (var c = range.x + wg.x; c < range.y; c += stride) {
-        let ch = chunks[c];
-        // A tensor's coefficient already encodes NaN/inf handling: a plain
+        let ch = chunk_at(c);
+        // A tensor's factor already encodes NaN/inf handling: an exact
         // multiply by 0 or NaN gives what PyTorch and TensorFlow give.
         let kind = select(global_kind, SCALE_MULTIPLY, per_tensor);
-        var coef = global_coef;
+        var m = stats.state.coef_mant;
+        var e = stats.state.coef_exp;
         if per_tensor {
-            coef = stats.tensors[ch.tensor].coefficient;
+            m = stats.tensors[ch.tensor].coef_mant;
+            e = stats.tensors[ch.tensor].coef_exp;
         }
+        let fast = clip_fast_factor(m, e);
         for (var i = t * UNIT; i < ch.len; i += WG * UNIT) {
             let j = ch.start + i;
             let g = bitcast<vec2<f32>>(load_unit(j));
-            store_unit(j, min(UNIT, ch.len - i), vec2(scaled(g.x, kind, coef), scaled(g.y, kind, coef)));
+            store_unit(j, min(UNIT, ch.len - i), vec2(scaled(g.x, kind, fast, m, e), scaled(g.y, kind, fast, m, e)));
         }
     }
 }
@@ -79,7 +84,7 @@ fn clamp_values(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     let range = window_chunks();
     let stride = stride_workgroups();
     for (var c = range.x + wg.x; c < range.y; c += stride) {
-        let ch = chunks[c];
+        let ch = chunk_at(c);
         for (var i = t * UNIT; i < ch.len; i += WG * UNIT) {
             let j = ch.start + i;
             let g = bitcast<vec2<f32>>(load_unit(j));

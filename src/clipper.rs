@@ -11,11 +11,10 @@ use std::sync::{Arc, Mutex};
 use crate::config::Reduction;
 use crate::dtype::{ElementPath, GradType};
 use crate::error::{Error, Result};
-use crate::gpu_errors::Catch;
-use crate::grad_set::{require_storage, GradSet};
-use crate::layout::{GradLayout, Placement};
+use crate::gpu_errors::{check_alive, Catch};
 use crate::records::{ClipConfig, TensorStat, WindowInfo, STATS_HEAD_SIZE};
 use crate::shaders::{self, PassModule};
+use crate::upload::Uploads;
 
 /// Largest workgroup size the passes use; WebGPU's default limit.
 const PREFERRED_WORKGROUP_SIZE: u32 = 256;
@@ -44,6 +43,8 @@ pub(crate) struct Inner {
     pub bind_group_layout: wgpu::BindGroupLayout,
     pipeline_layout: wgpu::PipelineLayout,
     pub pipelines: Pipelines,
+    /// Staging buffers that carry each clip's parameters into its encoder.
+    pub uploads: Uploads,
     /// Reduce and scale pipelines per element path, made the first time a
     /// set needs them (f32's at creation), so that f32-only users compile
     /// no 16-bit shader.
@@ -53,52 +54,35 @@ pub(crate) struct Inner {
     pub workgroup_size: u32,
 }
 
-/// The finalize and finish pipelines, shared by every element type.
+/// The finalize pipelines (from the reduce's partials, or from a supplied
+/// total), one per reduction kind, shared by every element type.
 #[derive(Debug)]
 pub(crate) struct Pipelines {
-    finalize_l2: wgpu::ComputePipeline,
-    finalize_inf: wgpu::ComputePipeline,
-    finalize_p: wgpu::ComputePipeline,
-    finish_l2: wgpu::ComputePipeline,
-    finish_inf: wgpu::ComputePipeline,
-    finish_p: wgpu::ComputePipeline,
+    finalize: [wgpu::ComputePipeline; 3],
+    finish: [wgpu::ComputePipeline; 3],
 }
 
 /// The passes that touch the gradients, for one element path.
 #[derive(Debug)]
 pub(crate) struct ElementPipelines {
-    reduce_l2: wgpu::ComputePipeline,
-    reduce_inf: wgpu::ComputePipeline,
-    reduce_p: wgpu::ComputePipeline,
+    reduce: [wgpu::ComputePipeline; 3],
     pub scale: wgpu::ComputePipeline,
     pub clamp: wgpu::ComputePipeline,
 }
 
 impl ElementPipelines {
     pub fn reduce(&self, r: Reduction) -> &wgpu::ComputePipeline {
-        match r {
-            Reduction::L2 => &self.reduce_l2,
-            Reduction::Inf => &self.reduce_inf,
-            Reduction::P => &self.reduce_p,
-        }
+        &self.reduce[r.kind() as usize]
     }
 }
 
 impl Pipelines {
     pub fn finalize(&self, r: Reduction) -> &wgpu::ComputePipeline {
-        match r {
-            Reduction::L2 => &self.finalize_l2,
-            Reduction::Inf => &self.finalize_inf,
-            Reduction::P => &self.finalize_p,
-        }
+        &self.finalize[r.kind() as usize]
     }
 
     pub fn finish(&self, r: Reduction) -> &wgpu::ComputePipeline {
-        match r {
-            Reduction::L2 => &self.finish_l2,
-            Reduction::Inf => &self.finish_inf,
-            Reduction::P => &self.finish_p,
-        }
+        &self.finish[r.kind() as usize]
     }
 }
 
@@ -134,13 +118,13 @@ fn storage_entry(binding: u32, read_only: bool) -> wgpu::BindGroupLayoutEntry {
     }
 }
 
-fn uniform_entry<T>(binding: u32, dynamic: bool) -> wgpu::BindGroupLayoutEntry {
+fn uniform_entry<T>(binding: u32) -> wgpu::BindGroupLayoutEntry {
     wgpu::BindGroupLayoutEntry {
         binding,
         visibility: wgpu::ShaderStages::COMPUTE,
         ty: wgpu::BindingType::Buffer {
             ty: wgpu::BufferBindingType::Uniform,
-            has_dynamic_offset: dynamic,
+            has_dynamic_offset: false,
             min_binding_size: wgpu::BufferSize::new(core::mem::size_of::<T>() as u64),
         },
         count: None,
@@ -182,6 +166,7 @@ impl Clipper {
     }
 
     fn create(device: &wgpu::Device, queue: &wgpu::Queue, native_f16: bool) -> Result<Self> {
+        check_alive(device)?;
         let limits = device.limits();
         check_limit(
             "storage buffers per shader stage",
@@ -193,11 +178,6 @@ impl Clipper {
             limits.max_uniform_buffers_per_shader_stage as u64,
             2,
         )?;
-        check_limit(
-            "dynamic uniform buffers per pipeline layout",
-            limits.max_dynamic_uniform_buffers_per_pipeline_layout as u64,
-            1,
-        )?;
         let workgroup_size = workgroup_size(&limits)?;
 
         let catch = Catch::begin(device);
@@ -205,10 +185,10 @@ impl Clipper {
             label: Some("gradclip bind group layout"),
             entries: &[
                 storage_entry(0, false), // grads (one binding window, any element type)
-                storage_entry(1, true),  // chunk table
-                storage_entry(2, false), // per-chunk partials
+                storage_entry(1, true),  // plan table
+                storage_entry(2, false), // partials
                 wgpu::BindGroupLayoutEntry {
-                    // stats: clip state, total partial, scaler, at least one tensor's stat
+                    // stats: clip state, total partial, scaler, log, at least one tensor's stat
                     ty: wgpu::BindingType::Buffer {
                         ty: wgpu::BufferBindingType::Storage { read_only: false },
                         has_dynamic_offset: false,
@@ -218,8 +198,8 @@ impl Clipper {
                     },
                     ..storage_entry(3, false)
                 },
-                uniform_entry::<WindowInfo>(4, false),
-                uniform_entry::<ClipConfig>(5, true),
+                uniform_entry::<WindowInfo>(4),
+                uniform_entry::<ClipConfig>(5),
             ],
         });
         let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
@@ -227,20 +207,36 @@ impl Clipper {
             bind_group_layouts: &[Some(&bind_group_layout)],
             immediate_size: 0,
         });
-        let finalize = make_pipelines(device, &pipeline_layout, &shaders::FINALIZE, workgroup_size);
+        let finalize = (
+            &shaders::FINALIZE,
+            &create_module(device, &shaders::FINALIZE),
+        );
+        let pipelines = Pipelines {
+            finalize: Reduction::ALL.map(|r| {
+                make_pipeline(
+                    device,
+                    &pipeline_layout,
+                    finalize,
+                    "finalize",
+                    workgroup_size,
+                    Some(r),
+                )
+            }),
+            finish: Reduction::ALL.map(|r| {
+                let entry = "finish_supplied";
+                make_pipeline(
+                    device,
+                    &pipeline_layout,
+                    finalize,
+                    entry,
+                    workgroup_size,
+                    Some(r),
+                )
+            }),
+        };
         let f32_pipelines =
             make_element_pipelines(device, &pipeline_layout, ElementPath::F32, workgroup_size);
         catch.end()?;
-        let mut made = finalize.into_iter();
-        let mut next = || made.next().expect("one pipeline per listed entry point");
-        let pipelines = Pipelines {
-            finalize_l2: next(),
-            finalize_inf: next(),
-            finalize_p: next(),
-            finish_l2: next(),
-            finish_inf: next(),
-            finish_p: next(),
-        };
         let mut element_pipelines: [Option<Arc<ElementPipelines>>; 4] = Default::default();
         element_pipelines[ElementPath::F32.index()] = Some(Arc::new(f32_pipelines));
         Ok(Self {
@@ -250,6 +246,7 @@ impl Clipper {
                 bind_group_layout,
                 pipeline_layout,
                 pipelines,
+                uploads: Uploads::new(device),
                 element_pipelines: Mutex::new(element_pipelines),
                 f16_path: if native_f16 {
                     ElementPath::F16Native
@@ -266,220 +263,6 @@ impl Clipper {
     /// without `shader-f16`) or when made with [`without_shader_f16`](Self::without_shader_f16).
     pub fn f16_path(&self) -> ElementPath {
         self.inner.f16_path
-    }
-
-    /// Binds a flat gradient buffer laid out by `layout` (tensors packed from
-    /// byte 0): creates the chunk table, scratch buffers and bind groups
-    /// once, for every later clip on it.
-    ///
-    /// The buffer needs `STORAGE` usage and at least `4 * layout.total_elements()` bytes.
-    ///
-    /// ```
-    /// # pollster::block_on(async {
-    /// # let (device, queue, _) = gradclip::default_device().await?;
-    /// let clipper = gradclip::Clipper::new(&device, &queue)?;
-    /// let layout = gradclip::GradLayout::from_sizes(&[784 * 128, 128])?;
-    /// let grads = device.create_buffer(&wgpu::BufferDescriptor {
-    ///     label: Some("grads"),
-    ///     size: 4 * layout.total_elements(),
-    ///     usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-    ///     mapped_at_creation: false,
-    /// });
-    /// let set = clipper.bind(&grads, &layout)?;
-    /// assert_eq!(set.window_count(), 1);
-    /// # Ok::<(), gradclip::Error>(()) }).unwrap();
-    /// ```
-    pub fn bind(&self, grads: &wgpu::Buffer, layout: &GradLayout) -> Result<GradSet> {
-        self.bind_as(grads, layout, GradType::F32)
-    }
-
-    /// Binds a flat gradient buffer of `dtype` elements: tensor `i` is at
-    /// elements [`layout.packed_range(i, dtype)`](GradLayout::packed_range)
-    /// — back to back for f32; for f16 and bf16 each tensor starts at an
-    /// even element (an odd-sized tensor is followed by one padding element,
-    /// which no pass changes), so that no 32-bit word holds two tensors.
-    ///
-    /// The buffer needs `STORAGE` usage and at least
-    /// `dtype.bytes() * layout.packed_elements(dtype)` bytes.
-    ///
-    /// ```
-    /// # pollster::block_on(async {
-    /// # use wgpu::util::DeviceExt;
-    /// # let (device, queue, _) = gradclip::default_device().await?;
-    /// let clipper = gradclip::Clipper::new(&device, &queue)?;
-    /// let layout = gradclip::GradLayout::from_sizes(&[3, 2])?;
-    /// // bf16 bits of [3, 0, 0 | pad | 4, 0]: tensor 1 starts at element 4.
-    /// let bits: [u16; 6] = [0x4040, 0, 0, 0, 0x4080, 0];
-    /// let grads = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-    ///     label: Some("bf16 grads"), contents: bytemuck::cast_slice(&bits),
-    ///     usage: wgpu::BufferUsages::STORAGE });
-    /// let set = clipper.bind_as(&grads, &layout, gradclip::GradType::Bf16)?;
-    /// assert_eq!(set.element_paths(), [gradclip::ElementPath::Bf16Packed]);
-    /// let mut encoder = device.create_command_encoder(&Default::default());
-    /// set.clip_norm(&mut encoder, &gradclip::ClipNorm::new(1.0))?;
-    /// queue.submit([encoder.finish()]);
-    /// assert_eq!(set.read_report().await?.total_norm, 5.0);
-    /// # Ok::<(), gradclip::Error>(()) }).unwrap();
-    /// ```
-    pub fn bind_as(
-        &self,
-        grads: &wgpu::Buffer,
-        layout: &GradLayout,
-        dtype: GradType,
-    ) -> Result<GradSet> {
-        require_storage(grads)?;
-        let needed = layout
-            .packed_elements(dtype)
-            .checked_mul(dtype.bytes())
-            .ok_or(Error::LayoutOverflow)?;
-        let max_buffer_size = self.inner.device.limits().max_buffer_size;
-        if needed > max_buffer_size {
-            return Err(Error::TooLarge {
-                what: "layout size in bytes",
-                needed,
-                limit: max_buffer_size,
-            });
-        }
-        if needed > grads.size() {
-            return Err(Error::LayoutExceedsBuffer {
-                needed,
-                buffer_size: grads.size(),
-            });
-        }
-        let placements: Vec<Placement> = (0..layout.len())
-            .map(|t| Placement {
-                buffer: 0,
-                byte_offset: dtype.bytes() * layout.packed_range(t, dtype).start,
-                dtype,
-            })
-            .collect();
-        GradSet::new(self.inner.clone(), &[grads], &placements, layout)
-    }
-
-    /// Binds gradients that live anywhere: tensor `i` of `layout` is the
-    /// `f32` range `ranges[i]` (any buffer with `STORAGE` usage, a 4-byte
-    /// aligned offset, and a size of `4 * elements` bytes, or `None` for the
-    /// rest of the buffer), as frameworks that sub-allocate pooled buffers
-    /// lay them out. One clip covers them all, with one dispatch per binding
-    /// window (a stretch of one buffer within the device's storage binding
-    /// limit) whatever the number of tensors. Overlapping ranges are an error.
-    ///
-    /// ```
-    /// # pollster::block_on(async {
-    /// # let (device, queue, _) = gradclip::default_device().await?;
-    /// # let clipper = gradclip::Clipper::new(&device, &queue)?;
-    /// let pool = |size| device.create_buffer(&wgpu::BufferDescriptor {
-    ///     label: Some("pooled"), size, usage: wgpu::BufferUsages::STORAGE, mapped_at_creation: false });
-    /// let (pool_a, pool_b) = (pool(1 << 20), pool(1 << 16));
-    /// let layout = gradclip::GradLayout::from_named(&[("w", 1000), ("b", 10)])?;
-    /// let set = clipper.bind_ranges(&layout, &[
-    ///     wgpu::BufferBinding { buffer: &pool_a, offset: 4096, size: wgpu::BufferSize::new(4000) },
-    ///     wgpu::BufferBinding { buffer: &pool_b, offset: 12, size: wgpu::BufferSize::new(40) },
-    /// ])?;
-    /// assert_eq!(set.window_count(), 2);
-    /// # Ok::<(), gradclip::Error>(()) }).unwrap();
-    /// ```
-    pub fn bind_ranges(
-        &self,
-        layout: &GradLayout,
-        ranges: &[wgpu::BufferBinding<'_>],
-    ) -> Result<GradSet> {
-        let typed: Vec<(wgpu::BufferBinding<'_>, GradType)> =
-            ranges.iter().map(|r| (r.clone(), GradType::F32)).collect();
-        self.bind_ranges_as(layout, &typed)
-    }
-
-    /// [`bind_ranges`](Self::bind_ranges) with an element type per range:
-    /// one clip, one global norm over f32, f16 and bf16 tensors together
-    /// (an f32 master-gradient buffer and a bf16 buffer, as FusedLAMB
-    /// clips them). A range of `n` elements of `dtype` holds
-    /// `n * dtype.bytes()` bytes at a 4-byte aligned offset (for 16-bit
-    /// types: an even element, so that no 32-bit word holds two tensors);
-    /// a 16-bit range with an odd `n` needs its last 4-byte word inside the
-    /// buffer, and the half of it past the range keeps its bits.
-    ///
-    /// ```
-    /// # pollster::block_on(async {
-    /// # use wgpu::util::DeviceExt;
-    /// # let (device, queue, _) = gradclip::default_device().await?;
-    /// # let clipper = gradclip::Clipper::new(&device, &queue)?;
-    /// use gradclip::GradType;
-    /// let buffer = |bytes: &[u8]| device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-    ///     label: Some("grads"), contents: bytes, usage: wgpu::BufferUsages::STORAGE });
-    /// let master = buffer(bytemuck::cast_slice(&[3.0f32]));
-    /// let half = buffer(bytemuck::cast_slice(&[0x4080u16, 0])); // bf16 [4, pad]
-    /// let layout = gradclip::GradLayout::from_named(&[("w", 1), ("b", 1)])?;
-    /// let set = clipper.bind_ranges_as(&layout, &[
-    ///     (master.as_entire_buffer_binding(), GradType::F32),
-    ///     (wgpu::BufferBinding { buffer: &half, offset: 0, size: wgpu::BufferSize::new(2) }, GradType::Bf16),
-    /// ])?;
-    /// let mut encoder = device.create_command_encoder(&Default::default());
-    /// set.record_norm(&mut encoder, &gradclip::ClipNorm::new(1.0))?;
-    /// queue.submit([encoder.finish()]);
-    /// assert_eq!(set.read_report().await?.total_norm, 5.0);
-    /// # Ok::<(), gradclip::Error>(()) }).unwrap();
-    /// ```
-    pub fn bind_ranges_as(
-        &self,
-        layout: &GradLayout,
-        ranges: &[(wgpu::BufferBinding<'_>, GradType)],
-    ) -> Result<GradSet> {
-        if ranges.len() != layout.len() {
-            return Err(Error::RangeMismatch {
-                tensor: ranges.len().min(layout.len()),
-                range_bytes: 0,
-                layout_bytes: 0,
-            });
-        }
-        let mut buffers: Vec<&wgpu::Buffer> = Vec::new();
-        let mut placements = Vec::with_capacity(ranges.len());
-        for (tensor, ((range, dtype), elements)) in ranges.iter().zip(layout.sizes()).enumerate() {
-            require_storage(range.buffer)?;
-            if !range.offset.is_multiple_of(4) {
-                return Err(Error::MisalignedTensor {
-                    tensor,
-                    offset: range.offset,
-                });
-            }
-            let layout_bytes = elements
-                .checked_mul(dtype.bytes())
-                .ok_or(Error::LayoutOverflow)?;
-            let range_bytes = match range.size {
-                Some(size) => size.get(),
-                None => range.buffer.size().saturating_sub(range.offset),
-            };
-            if elements > 0 && range_bytes != layout_bytes {
-                return Err(Error::RangeMismatch {
-                    tensor,
-                    range_bytes,
-                    layout_bytes,
-                });
-            }
-            // The passes bind and write whole 4-byte words.
-            let end = range
-                .offset
-                .checked_add(layout_bytes.div_ceil(4) * 4)
-                .ok_or(Error::LayoutOverflow)?;
-            if end > range.buffer.size() {
-                return Err(Error::LayoutExceedsBuffer {
-                    needed: end,
-                    buffer_size: range.buffer.size(),
-                });
-            }
-            let buffer = match buffers.iter().position(|b| *b == range.buffer) {
-                Some(index) => index,
-                None => {
-                    buffers.push(range.buffer);
-                    buffers.len() - 1
-                }
-            };
-            placements.push(Placement {
-                buffer,
-                byte_offset: range.offset,
-                dtype: *dtype,
-            });
-        }
-        GradSet::new(self.inner.clone(), &buffers, &placements, layout)
     }
 
     /// Invocations per workgroup of every pass on this device.
@@ -526,31 +309,33 @@ impl Inner {
     }
 }
 
-fn make_pipelines(
+/// The pipeline of `entry` in `module`; with a reduction, specialised for it
+/// through the `KIND` override.
+fn make_pipeline(
     device: &wgpu::Device,
     layout: &wgpu::PipelineLayout,
-    module: &PassModule,
+    (module, shader): (&PassModule, &wgpu::ShaderModule),
+    entry: &str,
     workgroup_size: u32,
-) -> Vec<wgpu::ComputePipeline> {
-    let constants = [(shaders::WORKGROUP_SIZE_OVERRIDE, workgroup_size as f64)];
-    let shader = create_module(device, module);
-    module
-        .entry_points
-        .iter()
-        .map(|entry| {
-            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(&format!("{} {entry}", module.name)),
-                layout: Some(layout),
-                module: &shader,
-                entry_point: Some(entry),
-                compilation_options: wgpu::PipelineCompilationOptions {
-                    constants: &constants,
-                    zero_initialize_workgroup_memory: false,
-                },
-                cache: None,
-            })
-        })
-        .collect()
+    reduction: Option<Reduction>,
+) -> wgpu::ComputePipeline {
+    let mut constants = vec![(shaders::WORKGROUP_SIZE_OVERRIDE, workgroup_size as f64)];
+    let mut label = format!("{} {entry}", module.name);
+    if let Some(r) = reduction {
+        constants.push((shaders::KIND_OVERRIDE, r.kind() as f64));
+        label = format!("{label} {r:?}");
+    }
+    device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some(&label),
+        layout: Some(layout),
+        module: shader,
+        entry_point: Some(entry),
+        compilation_options: wgpu::PipelineCompilationOptions {
+            constants: &constants,
+            zero_initialize_workgroup_memory: false,
+        },
+        cache: None,
+    })
 }
 
 fn make_element_pipelines(
@@ -560,17 +345,13 @@ fn make_element_pipelines(
     workgroup_size: u32,
 ) -> ElementPipelines {
     let (reduce, scale) = shaders::element_modules(path);
-    let mut reduce = make_pipelines(device, layout, &reduce, workgroup_size).into_iter();
-    let mut scale = make_pipelines(device, layout, &scale, workgroup_size).into_iter();
-    let next = |it: &mut std::vec::IntoIter<wgpu::ComputePipeline>| {
-        it.next().expect("one pipeline per listed entry point")
-    };
+    let reduce = (&reduce, &create_module(device, &reduce));
+    let scale = (&scale, &create_module(device, &scale));
     ElementPipelines {
-        reduce_l2: next(&mut reduce),
-        reduce_inf: next(&mut reduce),
-        reduce_p: next(&mut reduce),
-        scale: next(&mut scale),
-        clamp: next(&mut scale),
+        reduce: Reduction::ALL
+            .map(|r| make_pipeline(device, layout, reduce, "reduce", workgroup_size, Some(r))),
+        scale: make_pipeline(device, layout, scale, "scale", workgroup_size, None),
+        clamp: make_pipeline(device, layout, scale, "clamp_values", workgroup_size, None),
     }
 }
 

@@ -2,8 +2,8 @@
 
 use crate::error::{Error, Result};
 use crate::records::{
-    ClipConfig, CFG_PER_TENSOR, CFG_TENSOR_NORMS, CFG_UNSCALE, SEMANTICS_TENSORFLOW,
-    SEMANTICS_TORCH,
+    ClipConfig, CFG_ERROR_IF_NONFINITE, CFG_PER_TENSOR, CFG_TENSOR_NORMS, CFG_UNSCALE,
+    SEMANTICS_TENSORFLOW, SEMANTICS_TORCH,
 };
 
 /// The order of the global norm.
@@ -15,9 +15,19 @@ pub enum Norm {
     L2,
     /// Largest absolute value.
     Inf,
-    /// `(Σ|g|^p)^(1/p)` for a positive `p`; `P(2.0)` is `L2`, `P(1.0)` is
-    /// `L1` and `P(f32::INFINITY)` is `Inf`.
+    /// `(Σ|g|^p)^(1/p)` for `p >= Norm::MIN_P`; `P(2.0)` is `L2`, `P(1.0)`
+    /// is `L1` and `P(f32::INFINITY)` is `Inf`. Any such p is computed without
+    /// over- or underflow: for tiny p the norm of two or more non-zero
+    /// elements is far beyond f32 (reported as inf) and the clip factor,
+    /// computed from its exact form, is 0, as in PyTorch.
     P(f32),
+}
+
+impl Norm {
+    /// The smallest order `Norm::P` accepts: the smallest normal f32. A
+    /// subnormal p has no finite reciprocal, and drivers that flush
+    /// subnormals would read it as 0.
+    pub const MIN_P: f32 = f32::MIN_POSITIVE;
 }
 
 /// Whose definition of the clip coefficient to follow.
@@ -35,6 +45,19 @@ pub(crate) enum Reduction {
     L2,
     Inf,
     P,
+}
+
+impl Reduction {
+    pub const ALL: [Reduction; 3] = [Reduction::L2, Reduction::Inf, Reduction::P];
+
+    /// The value of the shaders' `KIND` override.
+    pub fn kind(self) -> u32 {
+        match self {
+            Reduction::L2 => 0,
+            Reduction::Inf => 1,
+            Reduction::P => 2,
+        }
+    }
 }
 
 /// A global-norm clip: the gradients, taken as one concatenated vector, are
@@ -197,7 +220,7 @@ impl ClipNorm {
             Norm::L2 => (Reduction::L2, 2.0),
             Norm::Inf => (Reduction::Inf, f32::INFINITY),
             Norm::L1 => (Reduction::P, 1.0),
-            Norm::P(p) if p.is_nan() || p <= 0.0 => return Err(Error::InvalidNormOrder(p)),
+            Norm::P(p) if p.is_nan() || p < Norm::MIN_P => return Err(Error::InvalidNormOrder(p)),
             Norm::P(p) if p == f32::INFINITY => (Reduction::Inf, p),
             Norm::P(p) if p == 2.0 => (Reduction::L2, p),
             Norm::P(p) => (Reduction::P, p),
@@ -210,16 +233,17 @@ impl ClipNorm {
             reduction,
             ClipConfig {
                 semantics,
-                error_if_nonfinite: self.error_if_nonfinite as u32,
                 p,
                 max_norm: m,
-                flags: if self.per_tensor { CFG_PER_TENSOR } else { 0 }
-                    | if self.tensor_norms {
-                        CFG_TENSOR_NORMS
-                    } else {
-                        0
-                    }
-                    | if self.unscale { CFG_UNSCALE } else { 0 },
+                flags: [
+                    (self.per_tensor, CFG_PER_TENSOR),
+                    (self.tensor_norms, CFG_TENSOR_NORMS),
+                    (self.unscale, CFG_UNSCALE),
+                    (self.error_if_nonfinite, CFG_ERROR_IF_NONFINITE),
+                ]
+                .iter()
+                .filter(|(on, _)| *on)
+                .fold(0, |flags, (_, bit)| flags | bit),
                 ..ClipConfig::default()
             },
         ))
@@ -251,11 +275,15 @@ mod tests {
             ));
         }
         assert!(ClipNorm::new(0.0).to_record().is_ok());
+        assert!(ClipNorm::new(1.0)
+            .norm(Norm::P(Norm::MIN_P))
+            .to_record()
+            .is_ok());
         assert!(matches!(
             ClipNorm::tensorflow(0.0).to_record(),
             Err(Error::InvalidMaxNorm(_))
         ));
-        for p in [0.0, -2.0, f32::NAN] {
+        for p in [0.0, -2.0, f32::NAN, 1e-39, f32::MIN_POSITIVE / 2.0] {
             assert!(matches!(
                 ClipNorm::new(1.0).norm(Norm::P(p)).to_record(),
                 Err(Error::InvalidNormOrder(_))

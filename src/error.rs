@@ -12,8 +12,10 @@ pub enum Error {
         "max_norm must be finite and non-negative (positive for TensorFlow semantics), got {0}"
     )]
     InvalidMaxNorm(f32),
-    /// A `Norm::P(p)` with p NaN or not positive.
-    #[error("norm order p must be positive and not NaN, got {0}")]
+    /// A `Norm::P(p)` with p NaN, or below the smallest normal f32
+    /// ([`Norm::MIN_P`](crate::Norm::MIN_P)): a subnormal p has no finite
+    /// reciprocal, and drivers that flush subnormals would read it as 0.
+    #[error("norm order p must be at least f32::MIN_POSITIVE and not NaN, got {0}")]
     InvalidNormOrder(f32),
     /// `clip_value` bounds that are NaN or out of order.
     #[error("clip_value needs min <= max and neither NaN, got [{min}, {max}]")]
@@ -75,11 +77,37 @@ pub enum Error {
     /// `error_if_nonfinite`: the gradients were left bit-for-bit untouched.
     #[error("the total norm is non-finite ({total_norm}); gradients left untouched")]
     NonFinite { total_norm: f32 },
+    /// A [`NormPartial`](crate::NormPartial) holds bits that no reduction of
+    /// that norm can produce (unknown flag bits, a negative, infinite or NaN
+    /// value, a p-sum below 1 or with a mantissa outside [1, 2)). Returned by
+    /// `NormPartial::from_bytes`, `combine` and `total_norm`, by
+    /// `clip_with_partial` before recording, and by the report of a
+    /// `clip_with_partial_from` whose buffer held such bits (the gradients
+    /// were left untouched).
+    #[error("invalid norm partial: {0}")]
+    InvalidPartial(&'static str),
+    /// A gradient buffer (or a partial's source buffer) is mapped: a
+    /// submission that uses it would be rejected. Unmap it first.
+    #[error("the {what} is mapped; unmap it before recording GPU work on it")]
+    BufferMapped { what: &'static str },
+    /// A gradient buffer (or a partial's source buffer) was destroyed.
+    #[error("the {what} was destroyed")]
+    BufferDestroyed { what: &'static str },
+    /// A buffer or query set passed in belongs to another device than the clipper's.
+    #[error("the {what} belongs to another device than the clipper's")]
+    ForeignDevice { what: &'static str },
+    /// A query set passed to `clip_norm_timed` is not a timestamp query set.
+    #[error("the query set must be of type QueryType::Timestamp")]
+    NotTimestampQuerySet,
+    /// The device was lost or destroyed: nothing can be created or recorded on it.
+    #[error("the device is lost: {0}")]
+    DeviceLost(String),
     /// `read_report` was called before any `clip_norm` was recorded on the set.
     #[error("no clip_norm has been recorded on this gradient set")]
     NoReport,
-    /// The latest recorded clips were never submitted, so no report exists yet.
-    #[error("no recorded clip_norm has been submitted yet")]
+    /// None of the recorded clips has run on the GPU (never submitted, or
+    /// the submission was rejected), so no report exists yet.
+    #[error("no recorded clip_norm has been submitted and run yet")]
     NotSubmitted,
     /// Mapping the report's readback buffer failed (device lost, say).
     #[error("reading the clip report back failed: {0}")]

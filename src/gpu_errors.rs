@@ -41,3 +41,69 @@ impl Catch {
         Ok(())
     }
 }
+
+/// Fails with [`Error::DeviceLost`] when `device` was destroyed or lost:
+/// wgpu then makes every object invalid without a word (no error scope
+/// reports it), and `create_buffer_init` panics on the mapped range.
+pub(crate) fn check_alive(device: &wgpu::Device) -> Result<()> {
+    init_buffer(
+        device,
+        "gradclip device check",
+        &[0; 4],
+        wgpu::BufferUsages::COPY_DST,
+    )
+    .map(drop)
+}
+
+/// `create_buffer_init` that returns an error instead of panicking when the
+/// device is lost. `contents` is padded to a multiple of 4 bytes.
+pub(crate) fn init_buffer(
+    device: &wgpu::Device,
+    label: &str,
+    contents: &[u8],
+    usage: wgpu::BufferUsages,
+) -> Result<wgpu::Buffer> {
+    let size = (contents.len() as u64).next_multiple_of(4).max(4);
+    let buffer = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size,
+        usage,
+        mapped_at_creation: true,
+    });
+    {
+        let mut view = buffer
+            .get_mapped_range_mut(..)
+            .map_err(|e| Error::DeviceLost(e.to_string()))?;
+        view.slice(..contents.len()).copy_from_slice(contents);
+    }
+    buffer.unmap();
+    Ok(buffer)
+}
+
+/// Fails with [`Error::ForeignDevice`] when what `record` puts in an
+/// encoder of `device` does not validate there: natively, a throwaway
+/// encoder is finished inside error scopes and its command buffer dropped,
+/// never submitted. In the browser error scopes resolve asynchronously, so
+/// nothing is checked there (wgpu reports a foreign object when the
+/// caller's encoder is finished).
+pub(crate) fn check_same_device(
+    device: &wgpu::Device,
+    what: &'static str,
+    record: impl FnOnce(&mut wgpu::CommandEncoder),
+) -> Result<()> {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        let catch = Catch::begin(device);
+        let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("gradclip device probe"),
+        });
+        record(&mut encoder);
+        drop(encoder.finish());
+        if catch.end().is_err() {
+            return Err(Error::ForeignDevice { what });
+        }
+    }
+    #[cfg(target_arch = "wasm32")]
+    let _ = (device, what, record);
+    Ok(())
+}

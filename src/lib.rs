@@ -33,19 +33,25 @@
 //! # Ok(()) }) }
 //! ```
 
-mod clipper;
+// Modules from the device up: each uses only those above it (records,
+// errors and the small utilities aside).
+mod clipper; // device-level kernels
 mod config;
 mod device;
 mod dtype;
 mod error;
 mod gpu_errors;
-mod grad_set;
+mod grad_set; // a bound set
 mod layout;
 mod partial;
+mod plan; // planning of a layout
+mod readback;
 pub mod records;
 mod report;
 mod scaler;
 pub mod shaders;
+mod upload;
+pub mod wgsl; // reports
 
 pub use clipper::Clipper;
 pub use config::{ClipNorm, Norm, Semantics};
@@ -55,5 +61,5 @@ pub use error::{Error, Result};
 pub use grad_set::{GradSet, CHUNK_ELEMENTS};
 pub use layout::GradLayout;
 pub use partial::NormPartial;
-pub use report::ClipReport;
+pub use report::{ClipReport, Reports};
 pub use scaler::LossScaler;

@@ -2,7 +2,7 @@
 //! contributes, in a form that combines exactly across shards.
 
 use crate::config::Norm;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::records::{Partial, FLAG_INF, FLAG_NAN};
 
 /// The reduction of one shard's gradients — the un-rooted `Σ|g|^p` (or the
@@ -12,11 +12,20 @@ use crate::records::{Partial, FLAG_INF, FLAG_NAN};
 /// ([`to_bytes`](Self::to_bytes)), [`combine`](Self::combine) them, and clip
 /// with the combined one ([`clip_with_partial`](crate::GradSet::clip_with_partial)).
 ///
+/// Partials hold only what a reduction can produce: [`from_bytes`](Self::from_bytes)
+/// rejects other bits, and [`combine`](Self::combine),
+/// [`total_norm`](Self::total_norm) and the GPU (`clip_with_partial_from`)
+/// apply the same rules for each norm, so they agree on every partial they accept.
+///
 /// ```
 /// use gradclip::{NormPartial, Norm};
 /// let zero = NormPartial::default();
 /// let both = NormPartial::combine(&[zero, zero], Norm::L2)?;
 /// assert_eq!(both.total_norm(Norm::L2)?, 0.0);
+/// // A stray flag bit is no partial at all.
+/// let mut bytes = zero.to_bytes();
+/// bytes[12] = 0x40;
+/// assert!(matches!(NormPartial::from_bytes(bytes), Err(gradclip::Error::InvalidPartial(_))));
 /// # Ok::<(), gradclip::Error>(())
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -41,9 +50,66 @@ impl NormPartial {
         bytemuck::cast(self.0)
     }
 
-    /// Rebuilds a partial from [`to_bytes`](Self::to_bytes).
-    pub fn from_bytes(bytes: [u8; 16]) -> Self {
-        Self(bytemuck::cast(bytes))
+    /// Rebuilds a partial from [`to_bytes`](Self::to_bytes). Fails with
+    /// [`Error::InvalidPartial`] on flag bits other than inf and NaN, on
+    /// values that are infinite or NaN, on a first or second value that is
+    /// negative (`-0.0` included) and on a third value of `-0.0`: no reduction
+    /// of any norm produces them. (The third value is negative only as the
+    /// exponent of a general-p partial; rules that depend on the norm are
+    /// checked where the norm is known.)
+    pub fn from_bytes(bytes: [u8; 16]) -> Result<Self> {
+        let partial = Self(bytemuck::cast(bytes));
+        partial.check_bits()?;
+        Ok(partial)
+    }
+
+    fn check_bits(&self) -> Result<()> {
+        if self.0.flags & !(FLAG_INF | FLAG_NAN) != 0 {
+            return Err(Error::InvalidPartial("flag bits other than inf and NaN"));
+        }
+        let [a, b, c] = self.0.v;
+        if !(a.is_finite() && b.is_finite() && c.is_finite()) {
+            return Err(Error::InvalidPartial("a value is infinite or NaN"));
+        }
+        if a.is_sign_negative() || b.is_sign_negative() || c.to_bits() == 0x8000_0000 {
+            return Err(Error::InvalidPartial(
+                "a sum or maximum is negative, or the exponent is -0",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks that a reduction of `norm` can produce this partial: the rules
+    /// of [`from_bytes`](Self::from_bytes), and for Inf `(max, 0, 0)`, for
+    /// general p either all zero or `(s >= 1, m in [1, 2), E an integer in
+    /// [-149, 127])`. The GPU applies the same rules to a supplied partial.
+    pub fn check(&self, norm: Norm) -> Result<()> {
+        self.check_bits()?;
+        let [a, b, c] = self.0.v;
+        if general_p(norm)?.is_none() && c.is_sign_negative() {
+            return Err(Error::InvalidPartial(
+                "an L2 or Inf partial has no negative value",
+            ));
+        }
+        if is_inf(norm) {
+            if b != 0.0 || c != 0.0 {
+                return Err(Error::InvalidPartial(
+                    "an Inf partial has only its first value",
+                ));
+            }
+        } else if general_p(norm)?.is_some() {
+            let empty = a == 0.0 && b == 0.0 && c == 0.0;
+            let sum = a >= 1.0
+                && (1.0..2.0).contains(&b)
+                && c == c.floor()
+                && (-149.0..=127.0).contains(&c);
+            if !(empty || sum) {
+                return Err(Error::InvalidPartial(
+                    "a p partial is (s >= 1, m in [1, 2), integer E) or all zero",
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Whether some element of the shard was NaN or infinite.
@@ -56,6 +122,9 @@ impl NormPartial {
     /// finalize pass folds chunks. Order does not matter beyond rounding.
     pub fn combine(parts: &[NormPartial], norm: Norm) -> Result<NormPartial> {
         let p = general_p(norm)?;
+        for part in parts {
+            part.check(norm)?;
+        }
         let flags = parts.iter().fold(0, |f, q| f | q.0.flags);
         let v = if is_inf(norm) {
             let top = parts.iter().map(|q| q.0.v[0].to_bits()).max().unwrap_or(0);
@@ -93,7 +162,10 @@ impl NormPartial {
             }
             sums.map(|s| s as f32)
         };
-        Ok(NormPartial(Partial { v, flags }))
+        let combined = NormPartial(Partial { v, flags });
+        // A sum past f32::MAX is no partial either (2^40 squares of up to 2^88 per bin are).
+        combined.check(norm)?;
+        Ok(combined)
     }
 
     /// The norm this partial stands for, computed on the CPU in float64 (for
@@ -101,6 +173,7 @@ impl NormPartial {
     /// NaN or inf if an element was.
     pub fn total_norm(&self, norm: Norm) -> Result<f64> {
         let p = general_p(norm)?;
+        self.check(norm)?;
         if self.0.flags & FLAG_NAN != 0 {
             return Ok(f64::NAN);
         }

@@ -1,10 +1,12 @@
 //! Host mirrors of the records declared in `shaders/common.wgsl`. Their byte
-//! layouts are checked against naga's layout of the WGSL structs in the test
-//! suite, so a change on one side that is not made on the other fails a test.
+//! layouts and the constants below are read back from the WGSL with naga in
+//! the test suite (`tests/shaders.rs`), so a change on one side that is not
+//! made on the other fails a test.
 
 use bytemuck::{Pod, Zeroable};
 
-/// WGSL `Chunk`: one tensor's slice, cut at the chunk length and at windows.
+/// WGSL `Chunk`: one tensor's slice, cut at the chunk length and at windows
+/// (three words of the plan table).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct Chunk {
@@ -23,14 +25,15 @@ pub struct Partial {
     pub flags: u32,
 }
 
-/// WGSL `TensorStat`: a tensor's chunk range, norm and coefficient.
+/// WGSL `TensorStat`: a tensor's norm and its coefficient, exactly, as
+/// `coef_mant * 2^coef_exp` (the coefficient may be far below `f32::MIN_POSITIVE`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
 pub struct TensorStat {
-    pub chunk_begin: u32,
-    pub chunk_end: u32,
     pub norm: f32,
-    pub coefficient: f32,
+    pub coef_mant: f32,
+    pub coef_exp: i32,
+    pub _pad: u32,
 }
 
 /// WGSL `WindowInfo`: written once per binding window.
@@ -46,29 +49,28 @@ pub struct WindowInfo {
     pub flat_end: u32,
     pub flat_count: u32,
     pub flat_workgroups: u32,
+    /// Word index of the per-tensor partial ranges in the plan table.
+    pub ranges_at: u32,
+    pub _pad: [u32; 2],
 }
 
-/// WGSL `ClipConfig`: one clip's parameters.
+/// WGSL `ClipConfig`: one clip's parameters, copied into the set's config
+/// uniform by the clip's own commands.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
 pub struct ClipConfig {
     pub semantics: u32,
-    pub error_if_nonfinite: u32,
     pub p: f32,
     pub max_norm: f32,
-    pub clamp_min: f32,
-    pub clamp_max: f32,
     /// `CFG_*` bits.
     pub flags: u32,
+    pub clamp_min: f32,
+    pub clamp_max: f32,
+    /// Low 32 bits of the step number the host gave this clip.
+    pub step: u32,
     pub _pad: u32,
-}
-
-impl ClipConfig {
-    /// Bitwise identity, so that cached configurations compare exactly
-    /// (NaN-free by validation, but -0.0 and 0.0 must stay distinct).
-    pub fn same_bits(&self, other: &Self) -> bool {
-        bytemuck::bytes_of(self) == bytemuck::bytes_of(other)
-    }
+    /// The total a clip with `CFG_SUPPLIED` uses instead of reducing.
+    pub supplied: Partial,
 }
 
 /// WGSL `ClipState`: the result finalize leaves on the GPU, and the loss
@@ -77,7 +79,9 @@ impl ClipConfig {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
 pub struct ClipState {
     pub total_norm: f32,
-    /// Factor applied to the stored gradients (clip coefficient / S when unscaling).
+    /// Factor applied to the stored gradients (clip coefficient / S when
+    /// unscaling), rounded to an f32: 0 or subnormal when the exact factor
+    /// is below the normal range; `coef_mant * 2^coef_exp` is exact.
     pub coefficient: f32,
     pub nonfinite: u32,
     pub scale_kind: u32,
@@ -89,7 +93,22 @@ pub struct ClipState {
     /// The loss scale this clip divided by (1 when it did not unscale).
     pub unscaled_by: f32,
     pub growth_tracker: u32,
+    /// Low 32 bits of the step that wrote this state.
+    pub step: u32,
+    pub coef_mant: f32,
+    pub coef_exp: i32,
+    /// The `CFG_*` bits of the clip that wrote this state.
+    pub flags: u32,
     pub _pad: u32,
+}
+
+/// WGSL `LogEntry`: one step's state and total partial, as kept in the
+/// report log.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
+pub struct LogEntry {
+    pub state: ClipState,
+    pub partial: Partial,
 }
 
 /// WGSL `ScalerConfig`: GradScaler's update parameters.
@@ -102,14 +121,24 @@ pub struct ScalerConfig {
     pub _pad: u32,
 }
 
-/// Byte offsets of the members of WGSL `Stats { state, partial, scaler, tensors }`.
+/// Entries of the report log (WGSL `LOG_LEN`): the last this many steps'
+/// reports stay on the GPU until read.
+pub const LOG_LEN: u64 = 64;
+
+/// Byte offsets of the members of WGSL
+/// `Stats { state, partial, scaler, tensors_step, log, tensors }`.
 pub const STATS_STATE_OFFSET: u64 = 0;
-pub const STATS_PARTIAL_OFFSET: u64 = 48;
-pub const STATS_SCALER_OFFSET: u64 = 64;
-pub const STATS_TENSORS_OFFSET: u64 = 80;
+pub const STATS_PARTIAL_OFFSET: u64 = 64;
+pub const STATS_SCALER_OFFSET: u64 = 80;
+/// Low 32 bits of the step whose per-tensor results `tensors` holds.
+pub const STATS_TENSORS_STEP_OFFSET: u64 = 96;
+pub const STATS_LOG_OFFSET: u64 = 112;
+pub const STATS_TENSORS_OFFSET: u64 = STATS_LOG_OFFSET + LOG_LEN * 80;
 /// Bytes of `Stats` up to its per-tensor array.
 pub const STATS_HEAD_SIZE: u64 = STATS_TENSORS_OFFSET;
 
+/// Byte offset of the `supplied` partial inside `ClipConfig`.
+pub const CONFIG_SUPPLIED_OFFSET: u64 = core::mem::offset_of!(ClipConfig, supplied) as u64;
 /// Byte offset of the scale pass's indirect arguments inside `ClipState`.
 pub const DISPATCH_OFFSET: u64 = core::mem::offset_of!(ClipState, dispatch) as u64;
 /// Byte size of one indirect dispatch (x, y, z).
@@ -118,14 +147,18 @@ pub const DISPATCH_SIZE: u64 = 12;
 /// Values of WGSL's `SEMANTICS_*` constants.
 pub const SEMANTICS_TORCH: u32 = 0;
 pub const SEMANTICS_TENSORFLOW: u32 = 1;
-/// Bits of WGSL's `FLAG_*` constants in `ClipState::nonfinite`.
+/// Bits of WGSL's `FLAG_*` constants in `ClipState::nonfinite` and `Partial::flags`.
 pub const FLAG_INF: u32 = 1;
 pub const FLAG_NAN: u32 = 2;
+/// A supplied partial holds bits no reduction produces (only in `ClipState::nonfinite`).
+pub const FLAG_INVALID: u32 = 4;
 /// Bits of WGSL's `CFG_*` constants in `ClipConfig::flags`.
 pub const CFG_TENSOR_NORMS: u32 = 1;
 pub const CFG_PER_TENSOR: u32 = 2;
 pub const CFG_NO_SCALE: u32 = 4;
 pub const CFG_UNSCALE: u32 = 8;
+pub const CFG_ERROR_IF_NONFINITE: u32 = 16;
+pub const CFG_SUPPLIED: u32 = 32;
 
 /// A record's WGSL struct name, byte size and `(member, offset)` pairs.
 pub type RecordLayout = (&'static str, usize, Vec<(&'static str, usize)>);
@@ -140,7 +173,6 @@ pub fn layouts() -> Vec<RecordLayout> {
         };
     }
     vec![
-        record!(Chunk { start, len, tensor }),
         record!(Partial { v, flags }),
         record!(WindowInfo {
             chunk_begin,
@@ -151,23 +183,26 @@ pub fn layouts() -> Vec<RecordLayout> {
             flat_begin,
             flat_end,
             flat_count,
-            flat_workgroups
+            flat_workgroups,
+            ranges_at,
+            _pad
         }),
         record!(ClipConfig {
             semantics,
-            error_if_nonfinite,
             p,
             max_norm,
+            flags,
             clamp_min,
             clamp_max,
-            flags,
-            _pad
+            step,
+            _pad,
+            supplied
         }),
         record!(TensorStat {
-            chunk_begin,
-            chunk_end,
             norm,
-            coefficient
+            coef_mant,
+            coef_exp,
+            _pad
         }),
         record!(ClipState {
             total_norm,
@@ -179,8 +214,13 @@ pub fn layouts() -> Vec<RecordLayout> {
             loss_scale,
             unscaled_by,
             growth_tracker,
+            step,
+            coef_mant,
+            coef_exp,
+            flags,
             _pad
         }),
+        record!(LogEntry { state, partial }),
         record!(ScalerConfig {
             growth_factor,
             backoff_factor,

@@ -34,6 +34,7 @@ impl PassModule {
     }
 }
 
+const CLIP_STATE: (&str, &str) = ("clip_state.wgsl", crate::wgsl::CLIP_STATE);
 const COMMON: (&str, &str) = ("common.wgsl", include_str!("../shaders/common.wgsl"));
 const FOLD: (&str, &str) = ("fold.wgsl", include_str!("../shaders/fold.wgsl"));
 const HALF: (&str, &str) = ("half.wgsl", include_str!("../shaders/half.wgsl"));
@@ -51,41 +52,35 @@ const ELEM_BF16_PACKED: (&str, &str) = (
     include_str!("../shaders/elem_bf16_packed.wgsl"),
 );
 
-const REDUCE_ENTRY_POINTS: &[&str] = &["reduce_l2", "reduce_inf", "reduce_p"];
+const REDUCE_ENTRY_POINTS: &[&str] = &["reduce"];
 const SCALE_ENTRY_POINTS: &[&str] = &["scale", "clamp_values"];
 
 /// Reduce: per-chunk partial norms (f32 gradients).
 pub const REDUCE: PassModule = PassModule {
     name: "gradclip reduce",
-    files: &[COMMON, ELEM_F32, FOLD, REDUCE_FILE],
+    files: &[CLIP_STATE, COMMON, ELEM_F32, FOLD, REDUCE_FILE],
     entry_points: REDUCE_ENTRY_POINTS,
     shader_f16: false,
 };
 
-/// Finalize: total norm, per-tensor norms, coefficient, scale dispatch,
-/// loss-scale update; finish: the same from a total supplied by the host.
+/// Finalize: total norm, per-tensor norms, clip factor, scale dispatch,
+/// loss-scale update, report log; finish_supplied: the same from a supplied total.
 pub const FINALIZE: PassModule = PassModule {
     name: "gradclip finalize",
     files: &[
+        CLIP_STATE,
         COMMON,
         FOLD,
         ("finalize.wgsl", include_str!("../shaders/finalize.wgsl")),
     ],
-    entry_points: &[
-        "finalize_l2",
-        "finalize_inf",
-        "finalize_p",
-        "finish_l2",
-        "finish_inf",
-        "finish_p",
-    ],
+    entry_points: &["finalize", "finish_supplied"],
     shader_f16: false,
 };
 
 /// Scale: in-place multiply (norm clipping) and clamp (value clipping), f32 gradients.
 pub const SCALE: PassModule = PassModule {
     name: "gradclip scale",
-    files: &[COMMON, ELEM_F32, SCALE_FILE],
+    files: &[CLIP_STATE, COMMON, ELEM_F32, SCALE_FILE],
     entry_points: SCALE_ENTRY_POINTS,
     shader_f16: false,
 };
@@ -93,7 +88,7 @@ pub const SCALE: PassModule = PassModule {
 /// Reduce over f16 gradients with native 16-bit loads (`shader-f16`).
 pub const REDUCE_F16: PassModule = PassModule {
     name: "gradclip reduce f16",
-    files: &[ELEM_F16, COMMON, HALF, FOLD, REDUCE_FILE],
+    files: &[ELEM_F16, CLIP_STATE, COMMON, HALF, FOLD, REDUCE_FILE],
     entry_points: REDUCE_ENTRY_POINTS,
     shader_f16: true,
 };
@@ -101,7 +96,7 @@ pub const REDUCE_F16: PassModule = PassModule {
 /// Scale over f16 gradients with native 16-bit stores (`shader-f16`).
 pub const SCALE_F16: PassModule = PassModule {
     name: "gradclip scale f16",
-    files: &[ELEM_F16, COMMON, HALF, SCALE_FILE],
+    files: &[ELEM_F16, CLIP_STATE, COMMON, HALF, SCALE_FILE],
     entry_points: SCALE_ENTRY_POINTS,
     shader_f16: true,
 };
@@ -109,7 +104,7 @@ pub const SCALE_F16: PassModule = PassModule {
 /// Reduce over f16 gradients read as pairs from `u32` words.
 pub const REDUCE_F16_PACKED: PassModule = PassModule {
     name: "gradclip reduce f16 packed",
-    files: &[COMMON, HALF, ELEM_F16_PACKED, FOLD, REDUCE_FILE],
+    files: &[CLIP_STATE, COMMON, HALF, ELEM_F16_PACKED, FOLD, REDUCE_FILE],
     entry_points: REDUCE_ENTRY_POINTS,
     shader_f16: false,
 };
@@ -117,7 +112,7 @@ pub const REDUCE_F16_PACKED: PassModule = PassModule {
 /// Scale over f16 gradients written as pairs into `u32` words.
 pub const SCALE_F16_PACKED: PassModule = PassModule {
     name: "gradclip scale f16 packed",
-    files: &[COMMON, HALF, ELEM_F16_PACKED, SCALE_FILE],
+    files: &[CLIP_STATE, COMMON, HALF, ELEM_F16_PACKED, SCALE_FILE],
     entry_points: SCALE_ENTRY_POINTS,
     shader_f16: false,
 };
@@ -125,7 +120,7 @@ pub const SCALE_F16_PACKED: PassModule = PassModule {
 /// Reduce over bf16 gradients read as pairs from `u32` words.
 pub const REDUCE_BF16_PACKED: PassModule = PassModule {
     name: "gradclip reduce bf16 packed",
-    files: &[COMMON, ELEM_BF16_PACKED, FOLD, REDUCE_FILE],
+    files: &[CLIP_STATE, COMMON, ELEM_BF16_PACKED, FOLD, REDUCE_FILE],
     entry_points: REDUCE_ENTRY_POINTS,
     shader_f16: false,
 };
@@ -133,7 +128,7 @@ pub const REDUCE_BF16_PACKED: PassModule = PassModule {
 /// Scale over bf16 gradients written as pairs into `u32` words.
 pub const SCALE_BF16_PACKED: PassModule = PassModule {
     name: "gradclip scale bf16 packed",
-    files: &[COMMON, ELEM_BF16_PACKED, SCALE_FILE],
+    files: &[CLIP_STATE, COMMON, ELEM_BF16_PACKED, SCALE_FILE],
     entry_points: SCALE_ENTRY_POINTS,
     shader_f16: false,
 };
@@ -163,3 +158,6 @@ pub fn element_modules(path: ElementPath) -> (PassModule, PassModule) {
 
 /// Name of the pipeline-overridable constant that sets the workgroup size.
 pub const WORKGROUP_SIZE_OVERRIDE: &str = "WG";
+/// Name of the pipeline-overridable constant that picks the reduction
+/// (0 = L2, 1 = Inf, 2 = general p) of the reduce and finalize pipelines.
+pub const KIND_OVERRIDE: &str = "KIND";

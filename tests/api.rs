@@ -110,7 +110,12 @@ fn layout_of_empty_tensors_has_norm_zero() {
 /// Reads the ClipState that finalize left on the GPU.
 fn clip_state(set: &gradclip::GradSet) -> gradclip::records::ClipState {
     let g = gpu();
-    let words = download(&g.device, &g.queue, set.stats_buffer(), 12);
+    let words = download(
+        &g.device,
+        &g.queue,
+        set.stats_buffer(),
+        std::mem::size_of::<gradclip::records::ClipState>() / 4,
+    );
     bytemuck::pod_read_unaligned(bytemuck::cast_slice(&words))
 }
 

@@ -194,7 +194,12 @@ fn fused_amp_step_equals_unscaling_clip_then_step() {
     let reports = [&fused, &plain].map(|m| pollster::block_on(m.set.take_reports()).unwrap());
     let scales: Vec<Vec<(f32, bool)>> = reports
         .iter()
-        .map(|r| r.iter().map(|r| (r.loss_scale, r.found_inf)).collect())
+        .map(|r| {
+            r.reports
+                .iter()
+                .map(|r| (r.loss_scale, r.found_inf))
+                .collect()
+        })
         .collect();
     // Grows after steps 1 (2 finite), backs off at 3, grows after 5.
     let want = [

@@ -682,7 +682,9 @@ fn loss_scale_sequence(scaler: LossScaler, steps: u64, inject: impl Fn(u64) -> O
             .unwrap();
         g.queue.submit([encoder.finish()]);
         if step % 8 == 7 || step + 1 == steps {
-            reports.extend(pollster::block_on(set.take_reports()).unwrap());
+            let taken = pollster::block_on(set.take_reports()).unwrap();
+            assert_eq!(taken.dropped, 0);
+            reports.extend(taken.reports);
         }
     }
     assert_eq!(reports.len() as u64, steps);
@@ -1020,7 +1022,7 @@ fn sharded_unscaling_clip_agrees_across_ranks() {
         let norm = reference::norm(&all, Order::L2) / scale as f64;
         for (rank, set) in sets.iter().enumerate() {
             let mut encoder = g.device.create_command_encoder(&Default::default());
-            set.clip_with_partial(&mut encoder, &clip.unscale(true), &source, 0)
+            set.clip_with_partial_from(&mut encoder, &clip.unscale(true), &source, 0)
                 .unwrap();
             g.queue.submit([encoder.finish()]);
             let report = pollster::block_on(set.read_report()).unwrap();

@@ -5,7 +5,7 @@
 //! are read from the shader and compared with the Rust side.
 
 use gradclip::records;
-use gradclip::shaders::{PassModule, MODULES, WORKGROUP_SIZE_OVERRIDE};
+use gradclip::shaders::{PassModule, KIND_OVERRIDE, MODULES, WORKGROUP_SIZE_OVERRIDE};
 use naga::back::{glsl, hlsl, msl, spv};
 use naga::valid::{Capabilities, ModuleInfo, ValidationFlags, Validator};
 
@@ -25,13 +25,24 @@ fn parse(pass: &PassModule) -> (naga::Module, ModuleInfo) {
     (module, info)
 }
 
-/// The module with `WG` set, as the host does when it creates pipelines.
+/// The module with `WG` and `KIND` set, as the host does when it creates pipelines.
 fn specialised(pass: &PassModule, wg: u32, entry: &str) -> (naga::Module, ModuleInfo) {
+    specialised_kind(pass, wg, entry, 0)
+}
+
+fn specialised_kind(
+    pass: &PassModule,
+    wg: u32,
+    entry: &str,
+    kind: u32,
+) -> (naga::Module, ModuleInfo) {
     let (module, info) = parse(pass);
-    let constants: naga::back::PipelineConstants =
-        [(WORKGROUP_SIZE_OVERRIDE.to_string(), wg as f64)]
-            .into_iter()
-            .collect();
+    let constants: naga::back::PipelineConstants = [
+        (WORKGROUP_SIZE_OVERRIDE.to_string(), wg as f64),
+        (KIND_OVERRIDE.to_string(), kind as f64),
+    ]
+    .into_iter()
+    .collect();
     let (module, info) = naga::back::pipeline_constants::process_overrides(
         &module,
         &info,
@@ -70,9 +81,13 @@ fn every_module_validates_and_lists_exactly_its_entry_points() {
 #[test]
 fn every_entry_point_translates_for_every_backend() {
     for pass in MODULES {
-        for &entry in pass.entry_points {
-            let (module, info) = specialised(&pass, 256, entry);
-            let what = format!("{} / {entry}", pass.name);
+        for (&entry, kind) in pass
+            .entry_points
+            .iter()
+            .flat_map(|e| (0..3).map(move |k| (e, k)))
+        {
+            let (module, info) = specialised_kind(&pass, 256, entry, kind);
+            let what = format!("{} / {entry} / KIND={kind}", pass.name);
 
             let spv_options = spv::Options::default();
             let spv_pipeline = spv::PipelineOptions {
@@ -223,6 +238,8 @@ fn record_layouts_match_the_rust_mirrors() {
         ("state", records::STATS_STATE_OFFSET),
         ("partial", records::STATS_PARTIAL_OFFSET),
         ("scaler", records::STATS_SCALER_OFFSET),
+        ("tensors_step", records::STATS_TENSORS_STEP_OFFSET),
+        ("log", records::STATS_LOG_OFFSET),
         ("tensors", records::STATS_TENSORS_OFFSET),
     ]
     .iter()
@@ -230,6 +247,10 @@ fn record_layouts_match_the_rust_mirrors() {
     .collect();
     assert_eq!(offsets, want, "Stats members");
     assert_eq!(records::STATS_HEAD_SIZE, records::STATS_TENSORS_OFFSET);
+    assert_eq!(
+        records::CONFIG_SUPPLIED_OFFSET,
+        core::mem::offset_of!(records::ClipConfig, supplied) as u64
+    );
 }
 
 #[test]
@@ -295,6 +316,38 @@ fn flag_constants_match_the_host() {
     );
     assert_eq!(u32_constant(&module, "CFG_NO_SCALE"), records::CFG_NO_SCALE);
     assert_eq!(u32_constant(&module, "CFG_UNSCALE"), records::CFG_UNSCALE);
+    assert_eq!(
+        u32_constant(&module, "CFG_ERROR_IF_NONFINITE"),
+        records::CFG_ERROR_IF_NONFINITE
+    );
+    assert_eq!(u32_constant(&module, "CFG_SUPPLIED"), records::CFG_SUPPLIED);
+    assert_eq!(u32_constant(&module, "FLAG_INVALID"), records::FLAG_INVALID);
+    assert_eq!(u32_constant(&module, "LOG_LEN") as u64, records::LOG_LEN);
+}
+
+#[test]
+fn the_exported_clip_state_is_what_every_module_starts_with() {
+    // Users paste gradclip::wgsl::CLIP_STATE into their own shaders; it
+    // validates alone, declares clip_apply, and is the text of our modules'
+    // ClipState (so its layout is the one record_layouts_match checks).
+    let text = gradclip::wgsl::CLIP_STATE;
+    let user = format!(
+        "{text}\n@group(0) @binding(0) var<storage, read> clip: ClipState;\n\
+         @group(0) @binding(1) var<storage, read_write> g: array<f32>;\n\
+         @compute @workgroup_size(64) fn main(@builtin(global_invocation_id) id: vec3<u32>) {{\n\
+         if id.x < arrayLength(&g) {{ g[id.x] = clip_apply(g[id.x], clip); }} }}"
+    );
+    let module = naga::front::wgsl::parse_str(&user).expect("user module parses");
+    Validator::new(ValidationFlags::all(), Capabilities::empty())
+        .validate(&module)
+        .expect("user module validates");
+    for pass in MODULES {
+        assert!(
+            pass.source().contains(text),
+            "{} does not include the exported ClipState",
+            pass.name
+        );
+    }
 }
 
 #[test]

@@ -99,14 +99,10 @@ async fn default_device_and_async_reports() {
         set.clip_norm(&mut encoder, &ClipNorm::new(1.0)).unwrap();
         queue.submit([encoder.finish()]);
     }
-    let steps: Vec<u64> = set
-        .take_reports()
-        .await
-        .expect("reports")
-        .iter()
-        .map(|r| r.step)
-        .collect();
+    let taken = set.take_reports().await.expect("reports");
+    let steps: Vec<u64> = taken.reports.iter().map(|r| r.step).collect();
     assert_eq!(steps, [1, 2, 3, 4, 5, 6, 7, 8, 9]);
+    assert_eq!(taken.dropped, 0);
 
     if let Some(e) = scope.pop().await {
         panic!("WebGPU validation error: {e}");

@@ -61,7 +61,14 @@ impl FusedSgd {
     ) -> Self {
         let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some("fused sgd"),
-            source: wgpu::ShaderSource::Wgsl(include_str!("sgd.wgsl").into()),
+            source: wgpu::ShaderSource::Wgsl(
+                format!(
+                    "{}\n{}",
+                    gradclip::wgsl::CLIP_STATE,
+                    include_str!("sgd.wgsl")
+                )
+                .into(),
+            ),
         });
         let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
             label: Some("fused sgd bind group layout"),
@@ -69,7 +76,7 @@ impl FusedSgd {
                 storage(0, false),
                 storage(1, true),
                 storage(2, false),
-                storage(3, true),
+                gradclip::wgsl::clip_state_layout_entry(3, wgpu::ShaderStages::COMPUTE),
                 wgpu::BindGroupLayoutEntry {
                     binding: 4,
                     visibility: wgpu::ShaderStages::COMPUTE,

@@ -2,23 +2,12 @@
 // multiplies each gradient by gradclip's clip coefficient as it loads it:
 // clipping then costs no pass over the gradients of its own.
 
-// gradclip's ClipState record, as GradSet::coefficient_binding binds it.
-// With ClipNorm::unscale, coefficient is clip / S and found_inf (a subset
-// of nonfinite) says the step is to be skipped.
-struct ClipState {
-    total_norm: f32,
-    coefficient: f32,
-    nonfinite: u32,
-    scale_kind: u32,
-    dispatch: array<u32, 3>,
-    found_inf: u32,
-    loss_scale: f32,
-    unscaled_by: f32,
-    growth_tracker: u32,
-    _pad: u32,
-}
+// ClipState and clip_apply come from gradclip::wgsl::CLIP_STATE, which the
+// Rust side puts before this text (nothing copied by hand). With
+// ClipNorm::unscale the factor is clip / S and found_inf (a subset of
+// nonfinite) says the step is to be skipped.
 
-const APPLY_COEFFICIENT: u32 = 1u; // multiply gradients by clip.coefficient
+const APPLY_COEFFICIENT: u32 = 1u; // multiply gradients by the clip factor (clip_apply)
 const SKIP_NONFINITE: u32 = 2u;    // leave everything as it is when clip.nonfinite != 0
 
 struct Sgd {
@@ -34,7 +23,7 @@ struct Sgd {
 @group(0) @binding(3) var<storage, read> clip: ClipState;
 @group(0) @binding(4) var<uniform> sgd: Sgd;
 
-// sgd_step — reads: grads, clip (coefficient, nonfinite), params, velocity.
+// sgd_step — reads: grads, clip (its factor and nonfinite), params, velocity.
 // Writes: params and velocity, in place.
 // Dispatch: (min(ceil(len / 256), 65535), 1, 1); invocations stride over len.
 @compute @workgroup_size(256)
@@ -43,11 +32,12 @@ fn sgd_step(@builtin(global_invocation_id) id: vec3<u32>, @builtin(num_workgroup
         return;
     }
     let apply = (sgd.flags & APPLY_COEFFICIENT) != 0u;
-    let coefficient = clip.coefficient;
     for (var i = id.x; i < sgd.len; i += groups.x * 256u) {
         var g = grads[i];
         if apply {
-            g = g * coefficient;
+            // Exactly the scale pass's product (PyTorch's and TensorFlow's
+            // NaN/inf rules, factors below f32::MIN_POSITIVE included).
+            g = clip_apply(g, clip);
         }
         let v = sgd.momentum * velocity[i] + g;
         velocity[i] = v;

@@ -1,292 +1,475 @@
-//! Binding gradients: the chunk plan, the scratch buffers and the bind
-//! groups of a `GradSet`, all made once, in `Clipper::bind*`.
+//! Binding gradients: the plan table, the scratch buffers and the bind
+//! groups of a `GradSet`, made once in `Clipper::bind*`; a rebind remakes
+//! what depends on where the gradients are and keeps the rest.
 
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
-use wgpu::util::DeviceExt;
-
-use super::encode::ConfigCache;
-use super::{GradSet, CHUNK_ELEMENTS, CONFIG_SLOTS, MAX_WORKGROUPS};
-use crate::clipper::Inner;
+use super::GradSet;
+use crate::clipper::{Clipper, ElementPipelines, Inner};
 use crate::dtype::{ElementPath, GradType};
-use crate::error::{Error, Result};
-use crate::gpu_errors::Catch;
-use crate::layout::{plan, GradLayout, Placement, Window};
+use crate::error::Result;
+use crate::gpu_errors::{init_buffer, Catch};
+use crate::layout::GradLayout;
+use crate::plan::{stats_size, Bound, Placed, Placement};
+use crate::readback::Reader;
 use crate::records::{
-    Chunk, ClipConfig, ClipState, Partial, TensorStat, WindowInfo, DISPATCH_SIZE, STATS_HEAD_SIZE,
+    ClipConfig, ClipState, Partial, ScalerConfig, WindowInfo, DISPATCH_SIZE, STATS_HEAD_SIZE,
     STATS_SCALER_OFFSET,
 };
-use crate::report::ReportRing;
 use crate::scaler::LossScaler;
-
-fn align_up(x: u64, to: u64) -> u64 {
-    x.div_ceil(to) * to
-}
-
-pub(super) fn too_large(what: &'static str, needed: u64, limit: u64) -> Result<()> {
-    if needed > limit {
-        return Err(Error::TooLarge {
-            what,
-            needed,
-            limit,
-        });
-    }
-    Ok(())
-}
-
-pub(crate) fn require_storage(buffer: &wgpu::Buffer) -> Result<()> {
-    if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
-        return Err(Error::MissingUsage {
-            missing: wgpu::BufferUsages::STORAGE,
-        });
-    }
-    Ok(())
-}
 
 /// The loss-scale fields of a fresh `ClipState` for `scaler`.
 pub(super) fn initial_state(scaler: &LossScaler) -> ClipState {
     ClipState {
         coefficient: 1.0,
+        coef_mant: 1.0,
         loss_scale: scaler.init_scale_value(),
         unscaled_by: 1.0,
         ..ClipState::default()
     }
 }
 
-impl GradSet {
-    /// `buffers` are the distinct gradient buffers (checked by the caller);
-    /// `placements[t]` says where tensor `t` of `layout` lives in them.
-    pub(crate) fn new(
-        inner: Arc<Inner>,
-        buffers: &[&wgpu::Buffer],
-        placements: &[Placement],
-        layout: &GradLayout,
-    ) -> Result<Self> {
-        let device = &inner.device;
-        let limits = device.limits();
-        // Windows start at multiples of the storage offset alignment and stay
-        // under both the binding limit and the 2^32 elements a u32 can index.
-        let align = (limits.min_storage_buffer_offset_alignment as u64).max(4);
-        let max_binding = limits.max_storage_buffer_binding_size.min(u32::MAX as u64) / 4 * 4;
-        too_large("storage offset alignment", align, max_binding)?;
-        let plan = plan(
-            layout,
-            placements,
-            CHUNK_ELEMENTS,
-            max_binding / align * align,
-            align,
-        )?;
-        let chunk_count = plan.chunks.len() as u64;
-        let flat_count = plan.flat.len() as u64;
-        let table_len = chunk_count + flat_count;
-        let tensor_count = layout.len() as u64;
-        too_large(
-            "chunk table bytes",
-            table_len * size_of::<Chunk>() as u64,
-            max_binding,
-        )?;
-        too_large(
-            "partials bytes",
-            table_len * size_of::<Partial>() as u64,
-            max_binding,
-        )?;
-        let stats_size = STATS_HEAD_SIZE + tensor_count.max(1) * size_of::<TensorStat>() as u64;
-        too_large("per-tensor statistics bytes", stats_size, max_binding)?;
+/// Everything that depends on where the gradients are.
+#[derive(Debug)]
+pub(super) struct Bindings {
+    /// One per binding window (one placeholder when there is no element).
+    pub bind_groups: Vec<wgpu::BindGroup>,
+    /// The reduce / scale pipelines of each binding window's element path.
+    pub window_pipelines: Vec<Arc<ElementPipelines>>,
+    /// The distinct element paths of the windows, sorted.
+    pub paths: Vec<ElementPath>,
+    pub has_elements: bool,
+    /// Grid-stride workgroups over per-tensor chunks, and over flat chunks.
+    pub workgroups: u32,
+    pub flat_workgroups: u32,
+    /// The gradient buffers, checked before each clip (mapped or destroyed
+    /// buffers would make the caller's submission fail).
+    pub buffers: Vec<wgpu::Buffer>,
+    /// Where each tensor is, to see whether a rebind changes anything.
+    pub placements: Vec<Placement>,
+}
 
-        // Enough workgroups for the busiest window, within the dispatch limit.
-        let cap = MAX_WORKGROUPS.min(limits.max_compute_workgroups_per_dimension);
-        let busiest = |count: fn(&Window) -> u32| {
-            plan.windows
+impl Bindings {
+    fn same_places(&self, placed: &Placed<'_>) -> bool {
+        self.placements.len() == placed.placements.len()
+            && self
+                .placements
                 .iter()
-                .map(count)
-                .max()
-                .unwrap_or(1)
-                .clamp(1, cap)
-        };
-        let workgroups = busiest(|w| w.chunk_end - w.chunk_begin);
-        let flat_workgroups = busiest(|w| w.flat_end - w.flat_begin);
+                .zip(&placed.placements)
+                .all(|(a, b)| {
+                    a.byte_offset == b.byte_offset
+                        && a.dtype == b.dtype
+                        && self.buffers[a.buffer] == *placed.buffers[b.buffer]
+                })
+    }
+}
 
-        let uniform_stride = align_up(
-            size_of::<ClipConfig>().max(size_of::<WindowInfo>()) as u64,
-            limits.min_uniform_buffer_offset_alignment as u64,
-        );
-        let empty = Window {
-            buffer: 0,
-            dtype: GradType::F32,
-            byte_offset: 0,
-            bytes: 0,
-            chunk_begin: 0,
-            chunk_end: 0,
-            flat_begin: 0,
-            flat_end: 0,
-        };
-        let window_infos: Vec<WindowInfo> = plan
+impl Clipper {
+    /// Binds a flat gradient buffer laid out by `layout` (tensors packed from
+    /// byte 0): creates the chunk table, scratch buffers and bind groups
+    /// once, for every later clip on it.
+    ///
+    /// The buffer needs `STORAGE` usage and at least `4 * layout.total_elements()` bytes.
+    ///
+    /// ```
+    /// # pollster::block_on(async {
+    /// # let (device, queue, _) = gradclip::default_device().await?;
+    /// let clipper = gradclip::Clipper::new(&device, &queue)?;
+    /// let layout = gradclip::GradLayout::from_sizes(&[784 * 128, 128])?;
+    /// let grads = device.create_buffer(&wgpu::BufferDescriptor {
+    ///     label: Some("grads"),
+    ///     size: 4 * layout.total_elements(),
+    ///     usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+    ///     mapped_at_creation: false,
+    /// });
+    /// let set = clipper.bind(&grads, &layout)?;
+    /// assert_eq!(set.window_count(), 1);
+    /// # Ok::<(), gradclip::Error>(()) }).unwrap();
+    /// ```
+    pub fn bind(&self, grads: &wgpu::Buffer, layout: &GradLayout) -> Result<GradSet> {
+        self.bind_as(grads, layout, GradType::F32)
+    }
+
+    /// Binds a flat gradient buffer of `dtype` elements: tensor `i` is at
+    /// elements [`layout.packed_range(i, dtype)`](GradLayout::packed_range)
+    /// — back to back for f32; for f16 and bf16 each tensor starts at an
+    /// even element (an odd-sized tensor is followed by one padding element,
+    /// which no pass changes), so that no 32-bit word holds two tensors.
+    ///
+    /// The buffer needs `STORAGE` usage and at least
+    /// `dtype.bytes() * layout.packed_elements(dtype)` bytes.
+    ///
+    /// ```
+    /// # pollster::block_on(async {
+    /// # use wgpu::util::DeviceExt;
+    /// # let (device, queue, _) = gradclip::default_device().await?;
+    /// let clipper = gradclip::Clipper::new(&device, &queue)?;
+    /// let layout = gradclip::GradLayout::from_sizes(&[3, 2])?;
+    /// // bf16 bits of [3, 0, 0 | pad | 4, 0]: tensor 1 starts at element 4.
+    /// let bits: [u16; 6] = [0x4040, 0, 0, 0, 0x4080, 0];
+    /// let grads = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+    ///     label: Some("bf16 grads"), contents: bytemuck::cast_slice(&bits),
+    ///     usage: wgpu::BufferUsages::STORAGE });
+    /// let set = clipper.bind_as(&grads, &layout, gradclip::GradType::Bf16)?;
+    /// assert_eq!(set.element_paths(), [gradclip::ElementPath::Bf16Packed]);
+    /// let mut encoder = device.create_command_encoder(&Default::default());
+    /// set.clip_norm(&mut encoder, &gradclip::ClipNorm::new(1.0))?;
+    /// queue.submit([encoder.finish()]);
+    /// assert_eq!(set.read_report().await?.total_norm, 5.0);
+    /// # Ok::<(), gradclip::Error>(()) }).unwrap();
+    /// ```
+    pub fn bind_as(
+        &self,
+        grads: &wgpu::Buffer,
+        layout: &GradLayout,
+        dtype: GradType,
+    ) -> Result<GradSet> {
+        let placed = Placed::packed(layout, grads, dtype, &self.inner.device.limits())?;
+        GradSet::new(self.inner.clone(), layout, &placed)
+    }
+
+    /// Binds gradients that live anywhere: tensor `i` of `layout` is the
+    /// `f32` range `ranges[i]` (any buffer with `STORAGE` usage, a 4-byte
+    /// aligned offset, and a size of `4 * elements` bytes, or `None` for the
+    /// rest of the buffer), as frameworks that sub-allocate pooled buffers
+    /// lay them out. One clip covers them all, with one dispatch per binding
+    /// window (a stretch of one buffer within the device's storage binding
+    /// limit) whatever the number of tensors. Overlapping ranges are an error.
+    ///
+    /// ```
+    /// # pollster::block_on(async {
+    /// # let (device, queue, _) = gradclip::default_device().await?;
+    /// # let clipper = gradclip::Clipper::new(&device, &queue)?;
+    /// let pool = |size| device.create_buffer(&wgpu::BufferDescriptor {
+    ///     label: Some("pooled"), size, usage: wgpu::BufferUsages::STORAGE, mapped_at_creation: false });
+    /// let (pool_a, pool_b) = (pool(1 << 20), pool(1 << 16));
+    /// let layout = gradclip::GradLayout::from_named(&[("w", 1000), ("b", 10)])?;
+    /// let set = clipper.bind_ranges(&layout, &[
+    ///     wgpu::BufferBinding { buffer: &pool_a, offset: 4096, size: wgpu::BufferSize::new(4000) },
+    ///     wgpu::BufferBinding { buffer: &pool_b, offset: 12, size: wgpu::BufferSize::new(40) },
+    /// ])?;
+    /// assert_eq!(set.window_count(), 2);
+    /// # Ok::<(), gradclip::Error>(()) }).unwrap();
+    /// ```
+    pub fn bind_ranges(
+        &self,
+        layout: &GradLayout,
+        ranges: &[wgpu::BufferBinding<'_>],
+    ) -> Result<GradSet> {
+        let typed: Vec<(wgpu::BufferBinding<'_>, GradType)> =
+            ranges.iter().map(|r| (r.clone(), GradType::F32)).collect();
+        self.bind_ranges_as(layout, &typed)
+    }
+
+    /// [`bind_ranges`](Self::bind_ranges) with an element type per range:
+    /// one clip, one global norm over f32, f16 and bf16 tensors together
+    /// (an f32 master-gradient buffer and a bf16 buffer, as FusedLAMB
+    /// clips them). A range of `n` elements of `dtype` holds
+    /// `n * dtype.bytes()` bytes at a 4-byte aligned offset (for 16-bit
+    /// types: an even element, so that no 32-bit word holds two tensors);
+    /// a 16-bit range with an odd `n` needs its last 4-byte word inside the
+    /// buffer, and the half of it past the range keeps its bits.
+    ///
+    /// ```
+    /// # pollster::block_on(async {
+    /// # use wgpu::util::DeviceExt;
+    /// # let (device, queue, _) = gradclip::default_device().await?;
+    /// # let clipper = gradclip::Clipper::new(&device, &queue)?;
+    /// use gradclip::GradType;
+    /// let buffer = |bytes: &[u8]| device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+    ///     label: Some("grads"), contents: bytes, usage: wgpu::BufferUsages::STORAGE });
+    /// let master = buffer(bytemuck::cast_slice(&[3.0f32]));
+    /// let half = buffer(bytemuck::cast_slice(&[0x4080u16, 0])); // bf16 [4, pad]
+    /// let layout = gradclip::GradLayout::from_named(&[("w", 1), ("b", 1)])?;
+    /// let set = clipper.bind_ranges_as(&layout, &[
+    ///     (master.as_entire_buffer_binding(), GradType::F32),
+    ///     (wgpu::BufferBinding { buffer: &half, offset: 0, size: wgpu::BufferSize::new(2) }, GradType::Bf16),
+    /// ])?;
+    /// let mut encoder = device.create_command_encoder(&Default::default());
+    /// set.record_norm(&mut encoder, &gradclip::ClipNorm::new(1.0))?;
+    /// queue.submit([encoder.finish()]);
+    /// assert_eq!(set.read_report().await?.total_norm, 5.0);
+    /// # Ok::<(), gradclip::Error>(()) }).unwrap();
+    /// ```
+    pub fn bind_ranges_as(
+        &self,
+        layout: &GradLayout,
+        ranges: &[(wgpu::BufferBinding<'_>, GradType)],
+    ) -> Result<GradSet> {
+        let placed = Placed::ranges(layout, ranges)?;
+        GradSet::new(self.inner.clone(), layout, &placed)
+    }
+}
+
+/// The scratch a set keeps across rebinds.
+struct Scratch<'a> {
+    partials: &'a wgpu::Buffer,
+    stats: &'a wgpu::Buffer,
+    config: &'a wgpu::Buffer,
+}
+
+fn partials_buffer(device: &wgpu::Device, len: u64) -> wgpu::Buffer {
+    device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("gradclip partials"),
+        size: len.max(1) * size_of::<Partial>() as u64,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    })
+}
+
+/// The plan table, the window records and the bind groups of `bound`.
+fn bindings(
+    inner: &Inner,
+    bound: &Bound,
+    placed: &Placed<'_>,
+    scratch: Scratch<'_>,
+) -> Result<Bindings> {
+    let device = &inner.device;
+    let plan = &bound.plan;
+    let limits = device.limits();
+    let uniform_stride = (size_of::<WindowInfo>() as u64)
+        .next_multiple_of(limits.min_uniform_buffer_offset_alignment as u64);
+    let window_pipelines = plan
+        .windows
+        .iter()
+        .map(|w| inner.element_pipelines(inner.path_of(w.dtype)))
+        .collect::<Result<Vec<_>>>()?;
+    let mut paths: Vec<ElementPath> = plan
+        .windows
+        .iter()
+        .map(|w| inner.path_of(w.dtype))
+        .collect();
+    paths.sort();
+    paths.dedup();
+
+    let chunk_count = plan.chunks.len() as u32;
+    let info = |w: &crate::plan::Window| WindowInfo {
+        chunk_begin: w.chunk_begin,
+        chunk_end: w.chunk_end,
+        chunk_count,
+        workgroups: bound.workgroups,
+        tensor_count: plan.tensor_chunks.len() as u32,
+        flat_begin: chunk_count + w.flat_begin,
+        flat_end: chunk_count + w.flat_end,
+        flat_count: plan.flat.len() as u32,
+        flat_workgroups: bound.flat_workgroups,
+        ranges_at: plan.ranges_at(),
+        _pad: [0; 2],
+    };
+    // With no element to bind, one window record and a placeholder buffer.
+    let empty = WindowInfo {
+        tensor_count: plan.tensor_chunks.len() as u32,
+        ranges_at: plan.ranges_at(),
+        ..WindowInfo::default()
+    };
+    let infos: Vec<WindowInfo> = if plan.windows.is_empty() {
+        vec![empty]
+    } else {
+        plan.windows.iter().map(info).collect()
+    };
+    let mut uniform_bytes = vec![0u8; infos.len() * uniform_stride as usize];
+    for (k, record) in infos.iter().enumerate() {
+        let at = k * uniform_stride as usize;
+        uniform_bytes[at..at + size_of::<WindowInfo>()].copy_from_slice(bytemuck::bytes_of(record));
+    }
+
+    let catch = Catch::begin(device);
+    let table = init_buffer(
+        device,
+        "gradclip plan table",
+        bytemuck::cast_slice(&plan.table_words()),
+        wgpu::BufferUsages::STORAGE,
+    )?;
+    let uniforms = init_buffer(
+        device,
+        "gradclip window records",
+        &uniform_bytes,
+        wgpu::BufferUsages::UNIFORM,
+    )?;
+    let placeholder = plan.windows.is_empty().then(|| {
+        device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("gradclip empty gradients"),
+            size: 16,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        })
+    });
+    let grad_ranges: Vec<(&wgpu::Buffer, u64, u64)> = match &placeholder {
+        Some(buffer) => vec![(buffer, 0, 16)],
+        None => plan
             .windows
             .iter()
-            .chain(plan.windows.is_empty().then_some(&empty))
-            .map(|w| WindowInfo {
-                chunk_begin: w.chunk_begin,
-                chunk_end: w.chunk_end,
-                chunk_count: chunk_count as u32,
-                workgroups,
-                tensor_count: tensor_count as u32,
-                flat_begin: chunk_count as u32 + w.flat_begin,
-                flat_end: chunk_count as u32 + w.flat_end,
-                flat_count: flat_count as u32,
-                flat_workgroups,
-            })
-            .collect();
-        let config_base = window_infos.len() as u64 * uniform_stride;
-        let mut uniform_bytes = vec![0u8; (config_base + CONFIG_SLOTS * uniform_stride) as usize];
-        for (k, info) in window_infos.iter().enumerate() {
-            let at = k * uniform_stride as usize;
-            uniform_bytes[at..at + size_of::<WindowInfo>()]
-                .copy_from_slice(bytemuck::bytes_of(info));
+            .map(|w| (placed.buffers[w.buffer], w.byte_offset, w.bytes))
+            .collect(),
+    };
+    fn entry(
+        binding: u32,
+        buffer: &wgpu::Buffer,
+        offset: u64,
+        size: u64,
+    ) -> wgpu::BindGroupEntry<'_> {
+        wgpu::BindGroupEntry {
+            binding,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer,
+                offset,
+                size: wgpu::BufferSize::new(size),
+            }),
         }
-        let window_pipelines = plan
-            .windows
-            .iter()
-            .map(|w| inner.element_pipelines(inner.path_of(w.dtype)))
-            .collect::<Result<Vec<_>>>()?;
-        let mut paths: Vec<ElementPath> = plan
-            .windows
-            .iter()
-            .map(|w| inner.path_of(w.dtype))
-            .collect();
-        paths.sort();
-        paths.dedup();
+    }
+    let bind_groups = grad_ranges
+        .iter()
+        .enumerate()
+        .map(|(k, &(buffer, offset, size))| {
+            device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(&format!("gradclip bind group, window {k}")),
+                layout: &inner.bind_group_layout,
+                entries: &[
+                    entry(0, buffer, offset, size),
+                    entry(1, &table, 0, table.size()),
+                    entry(2, scratch.partials, 0, scratch.partials.size()),
+                    entry(3, scratch.stats, 0, scratch.stats.size()),
+                    entry(
+                        4,
+                        &uniforms,
+                        k as u64 * uniform_stride,
+                        size_of::<WindowInfo>() as u64,
+                    ),
+                    entry(5, scratch.config, 0, scratch.config.size()),
+                ],
+            })
+        })
+        .collect();
+    catch.end()?;
+    Ok(Bindings {
+        bind_groups,
+        window_pipelines,
+        paths,
+        has_elements: !plan.windows.is_empty(),
+        workgroups: bound.workgroups,
+        flat_workgroups: bound.flat_workgroups,
+        buffers: placed.buffers.iter().map(|b| (*b).clone()).collect(),
+        placements: placed.placements.clone(),
+    })
+}
+
+impl GradSet {
+    /// `placed` says where each tensor of `layout` lives (checked by the caller).
+    pub(crate) fn new(inner: Arc<Inner>, layout: &GradLayout, placed: &Placed<'_>) -> Result<Self> {
+        let device = &inner.device;
+        let bound = Bound::new(layout, placed, &device.limits())?;
+
         // The loss scale starts as GradScaler's default; set_loss_scaler changes it.
         let scaler = LossScaler::new();
-        let mut stats_bytes = vec![0u8; STATS_HEAD_SIZE as usize];
-        let state = initial_state(&scaler);
-        stats_bytes[..size_of::<ClipState>()].copy_from_slice(bytemuck::bytes_of(&state));
+        let mut head = vec![0u8; STATS_HEAD_SIZE as usize];
+        head[..size_of::<ClipState>()].copy_from_slice(bytemuck::bytes_of(&initial_state(&scaler)));
         let at = STATS_SCALER_OFFSET as usize;
-        stats_bytes[at..at + size_of::<crate::records::ScalerConfig>()]
+        head[at..at + size_of::<ScalerConfig>()]
             .copy_from_slice(bytemuck::bytes_of(&scaler.config()));
-        for &(chunk_begin, chunk_end) in plan
-            .tensor_chunks
-            .iter()
-            .chain([(0, 0)].iter().take(usize::from(tensor_count == 0)))
-        {
-            let stat = TensorStat {
-                chunk_begin,
-                chunk_end,
-                norm: 0.0,
-                coefficient: 1.0,
-            };
-            stats_bytes.extend_from_slice(bytemuck::bytes_of(&stat));
-        }
-        // Empty tables still need a non-empty binding.
-        let mut table: Vec<Chunk> = plan.chunks.iter().chain(&plan.flat).copied().collect();
-        if table.is_empty() {
-            table.push(Chunk::default());
-        }
 
         let catch = Catch::begin(device);
-        let storage = wgpu::BufferUsages::STORAGE;
-        let chunks = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("gradclip chunk table"),
-            contents: bytemuck::cast_slice(&table),
-            usage: storage,
-        });
-        let partials = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("gradclip partials"),
-            size: table_len.max(1) * size_of::<Partial>() as u64,
-            usage: storage,
-            mapped_at_creation: false,
-        });
-        let stats = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        let stats = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("gradclip stats"),
-            contents: &stats_bytes,
-            usage: storage | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            size: stats_size(layout.len()),
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: true,
         });
+        stats
+            .slice(..STATS_HEAD_SIZE)
+            .get_mapped_range_mut()
+            .map_err(|e| crate::Error::DeviceLost(e.to_string()))?
+            .copy_from_slice(&head);
+        stats.unmap();
+        let partials = partials_buffer(device, bound.plan.partials_len());
         let indirect = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("gradclip scale dispatch"),
             size: DISPATCH_SIZE,
             usage: wgpu::BufferUsages::INDIRECT | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let uniforms = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("gradclip uniforms"),
-            contents: &uniform_bytes,
+        let config = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("gradclip clip config"),
+            size: size_of::<ClipConfig>() as u64,
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
         });
-        // With no element to bind, a tiny buffer of our own stands in.
-        let placeholder = plan.windows.is_empty().then(|| {
-            device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("gradclip empty gradients"),
-                size: 16,
-                usage: storage,
-                mapped_at_creation: false,
-            })
-        });
-        let grad_ranges: Vec<(&wgpu::Buffer, u64, u64)> = match &placeholder {
-            Some(buffer) => vec![(buffer, 0, 16)],
-            None => plan
-                .windows
-                .iter()
-                .map(|w| (buffers[w.buffer], w.byte_offset, w.bytes))
-                .collect(),
-        };
-        fn buffer_entry(
-            binding: u32,
-            buffer: &wgpu::Buffer,
-            offset: u64,
-            size: u64,
-        ) -> wgpu::BindGroupEntry<'_> {
-            wgpu::BindGroupEntry {
-                binding,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer,
-                    offset,
-                    size: wgpu::BufferSize::new(size),
-                }),
-            }
-        }
-        let whole = |binding, buffer| buffer_entry(binding, buffer, 0, buffer.size());
-        let bind_groups = grad_ranges
-            .iter()
-            .enumerate()
-            .map(|(k, &(buffer, offset, size))| {
-                device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some(&format!("gradclip bind group, window {k}")),
-                    layout: &inner.bind_group_layout,
-                    entries: &[
-                        buffer_entry(0, buffer, offset, size),
-                        whole(1, &chunks),
-                        whole(2, &partials),
-                        whole(3, &stats),
-                        buffer_entry(
-                            4,
-                            &uniforms,
-                            k as u64 * uniform_stride,
-                            size_of::<WindowInfo>() as u64,
-                        ),
-                        buffer_entry(5, &uniforms, config_base, size_of::<ClipConfig>() as u64),
-                    ],
-                })
-            })
-            .collect();
-        let reports = ReportRing::new(device, layout.len());
         catch.end()?;
-
+        let scratch = Scratch {
+            partials: &partials,
+            stats: &stats,
+            config: &config,
+        };
+        let bound = bindings(&inner, &bound, placed, scratch)?;
         Ok(Self {
+            reader: Reader::new(layout.len()),
             layout: layout.clone(),
-            has_elements: !plan.windows.is_empty(),
-            bind_groups,
-            window_pipelines,
-            paths,
+            bound,
+            partials,
             stats,
             indirect,
-            uniforms,
-            uniform_stride,
-            config_base,
-            workgroups,
-            flat_workgroups,
-            configs: Mutex::new(ConfigCache::default()),
-            reports,
-            steps: Mutex::new(0),
+            config,
+            steps: AtomicU64::new(0),
+            tensor_steps: AtomicU64::new(0),
+            rebinds: 0,
+            verified: Default::default(),
             inner,
         })
+    }
+
+    /// Moves the set to gradients at new places: tensor `i` of the set's
+    /// layout at `ranges[i]`, with the same rules as
+    /// [`Clipper::bind_ranges_as`]. Returns `Ok(false)` and does nothing when
+    /// every tensor is where it was (same buffer, offset and type), which is
+    /// what a framework's memory pool usually hands back step after step.
+    /// Otherwise it makes a new plan table and new bind groups; the stats
+    /// (loss scale, report log, step count), the clip config, the pipelines
+    /// and the readback buffers are kept, and the partials scratch is kept
+    /// too unless the new places need more chunks than it holds. Clips
+    /// recorded before the rebind keep the places they were recorded with.
+    /// On an error the set is left as it was.
+    ///
+    /// ```
+    /// # pollster::block_on(async {
+    /// # let (device, queue, _) = gradclip::default_device().await?;
+    /// # let clipper = gradclip::Clipper::new(&device, &queue)?;
+    /// use gradclip::GradType;
+    /// let pool = device.create_buffer(&wgpu::BufferDescriptor {
+    ///     label: Some("pool"), size: 4096, usage: wgpu::BufferUsages::STORAGE, mapped_at_creation: false });
+    /// let at = |offset| (wgpu::BufferBinding { buffer: &pool, offset, size: wgpu::BufferSize::new(40) }, GradType::F32);
+    /// let layout = gradclip::GradLayout::from_sizes(&[10])?;
+    /// let mut set = clipper.bind_ranges_as(&layout, &[at(0)])?;
+    /// assert!(!set.rebind_ranges(&[at(0)])?); // unchanged: nothing done
+    /// assert!(set.rebind_ranges(&[at(256)])?);
+    /// assert_eq!(set.rebind_count(), 1);
+    /// # Ok::<(), gradclip::Error>(()) }).unwrap();
+    /// ```
+    pub fn rebind_ranges(
+        &mut self,
+        ranges: &[(wgpu::BufferBinding<'_>, GradType)],
+    ) -> Result<bool> {
+        let placed = Placed::ranges(&self.layout, ranges)?;
+        if self.bound.same_places(&placed) {
+            return Ok(false);
+        }
+        let bound = Bound::new(&self.layout, &placed, &self.inner.device.limits())?;
+        let needed = bound.plan.partials_len() * size_of::<Partial>() as u64;
+        let partials = if needed > self.partials.size() {
+            log::info!("gradclip: rebind grows the partials scratch to {needed} bytes");
+            partials_buffer(&self.inner.device, bound.plan.partials_len())
+        } else {
+            self.partials.clone()
+        };
+        let scratch = Scratch {
+            partials: &partials,
+            stats: &self.stats,
+            config: &self.config,
+        };
+        self.bound = bindings(&self.inner, &bound, &placed, scratch)?;
+        self.partials = partials;
+        self.rebinds += 1;
+        Ok(true)
     }
 }

@@ -1,67 +1,368 @@
-//! Recording one step into the caller's encoder: the uniform slot of a clip
-//! configuration, the passes, and the copy that brings the report back.
+//! Recording one step into the caller's encoder: the checks, the clip's
+//! parameters (carried by its own commands), the passes.
 
-use super::{lock, GradSet, CONFIG_SLOTS};
-use crate::config::{ClipNorm, Reduction};
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+
+use super::GradSet;
+use crate::config::{clamp_record, ClipNorm, Reduction};
+use crate::error::{Error, Result};
+use crate::gpu_errors::check_same_device;
+use crate::partial::NormPartial;
+use crate::plan::{check_recordable, require_usage, too_large};
 use crate::records::{
-    ClipConfig, CFG_PER_TENSOR, CFG_TENSOR_NORMS, DISPATCH_OFFSET, DISPATCH_SIZE,
+    ClipConfig, Partial, CFG_NO_SCALE, CFG_PER_TENSOR, CFG_SUPPLIED, CFG_TENSOR_NORMS,
+    CONFIG_SUPPLIED_OFFSET, DISPATCH_OFFSET, DISPATCH_SIZE,
 };
 
 /// Where `clip_norm_timed` writes its timestamps: a query set and the first index.
-pub(super) type Timing<'a> = Option<(&'a wgpu::QuerySet, u32)>;
+type Timing<'a> = Option<(&'a wgpu::QuerySet, u32)>;
 
-pub(super) trait TimingWrites<'a> {
-    fn writes(self, begin: u32, end: u32) -> Option<wgpu::ComputePassTimestampWrites<'a>>;
+/// Timestamps at the beginning and end of a pass, `begin` and `end` past the first index.
+fn timestamp_writes(
+    timing: Timing<'_>,
+    begin: u32,
+    end: u32,
+) -> Option<wgpu::ComputePassTimestampWrites<'_>> {
+    timing.map(|(query_set, first)| wgpu::ComputePassTimestampWrites {
+        query_set,
+        beginning_of_pass_write_index: Some(first + begin),
+        end_of_pass_write_index: Some(first + end),
+    })
 }
 
-impl<'a> TimingWrites<'a> for Timing<'a> {
-    /// Timestamps at the beginning and end of a pass, `begin` and `end` past the first index.
-    fn writes(self, begin: u32, end: u32) -> Option<wgpu::ComputePassTimestampWrites<'a>> {
-        self.map(|(query_set, first)| wgpu::ComputePassTimestampWrites {
-            query_set,
-            beginning_of_pass_write_index: Some(first + begin),
-            end_of_pass_write_index: Some(first + end),
-        })
-    }
-}
-
-/// Which clip configurations are in which uniform slot.
+/// Objects found to belong to the clipper's device, by a hash of their
+/// identity, so that a source buffer or query set used every step is probed
+/// once (a probe records and finishes a throwaway encoder).
 #[derive(Debug, Default)]
-pub(super) struct ConfigCache {
-    slots: Vec<ClipConfig>,
-    next: usize,
+pub(super) struct Verified(Mutex<Vec<u64>>);
+
+impl Verified {
+    fn check(
+        &self,
+        device: &wgpu::Device,
+        object: &impl Hash,
+        what: &'static str,
+        record: impl FnOnce(&mut wgpu::CommandEncoder),
+    ) -> Result<()> {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        object.hash(&mut hasher);
+        let key = hasher.finish();
+        let mut known = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if known.contains(&key) {
+            return Ok(());
+        }
+        check_same_device(device, what, record)?;
+        if known.len() >= 8 {
+            known.remove(0);
+        }
+        known.push(key);
+        Ok(())
+    }
 }
 
 impl GradSet {
-    /// Dynamic offset of the uniform slot holding `config`; uploads it the
-    /// first time it is seen. Slots are reused round-robin past
-    /// `CONFIG_SLOTS` distinct configurations.
-    pub(super) fn config_offset(&self, config: ClipConfig) -> u32 {
-        let mut cache = lock(&self.configs);
-        let slot = match cache.slots.iter().position(|c| c.same_bits(&config)) {
-            Some(slot) => slot,
-            None => {
-                let slot = if (cache.slots.len() as u64) < CONFIG_SLOTS {
-                    cache.slots.push(config);
-                    cache.slots.len() - 1
-                } else {
-                    let slot = cache.next;
-                    cache.next = (slot + 1) % CONFIG_SLOTS as usize;
-                    cache.slots[slot] = config;
-                    slot
-                };
-                self.inner.queue.write_buffer(
-                    &self.uniforms,
-                    self.config_base + slot as u64 * self.uniform_stride,
-                    bytemuck::bytes_of(&config),
-                );
-                slot
-            }
-        };
-        (slot as u64 * self.uniform_stride) as u32
+    /// Records a norm clip into `encoder`: the clip's parameters, the reduce
+    /// pass, the finalize dispatch and the in-place scale pass, whose
+    /// workgroup count finalize sets on the GPU (zero when every factor is
+    /// exactly 1). Global by default, per tensor with
+    /// [`ClipNorm::per_tensor`]. Nothing is read back, and the clip's report
+    /// stays on the GPU until a read asks for it.
+    ///
+    /// Clips carry their parameters in their own commands: any number of
+    /// clips with different parameters may be recorded into one encoder, or
+    /// into several encoders submitted in any order, and each sees its own.
+    ///
+    /// Errors, returned before anything is recorded: invalid parameters, a
+    /// gradient buffer that is mapped or destroyed, a lost device. Not
+    /// detectable here, and reported by wgpu when the encoder is finished or
+    /// submitted: an encoder of another device, a gradient buffer mapped or
+    /// destroyed after this call and before the submission (the submission
+    /// is then rejected and the step makes no report).
+    ///
+    /// ```
+    /// # pollster::block_on(async {
+    /// # use wgpu::util::DeviceExt;
+    /// # let (device, queue, _) = gradclip::default_device().await?;
+    /// # let grads = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+    /// #     label: None, contents: bytemuck::cast_slice(&[3.0f32, 4.0, 0.0, 12.0]),
+    /// #     usage: wgpu::BufferUsages::STORAGE });
+    /// let clipper = gradclip::Clipper::new(&device, &queue)?;
+    /// let layout = gradclip::GradLayout::from_named(&[("w", 2), ("b", 2)])?;
+    /// let set = clipper.bind(&grads, &layout)?;
+    /// let mut encoder = device.create_command_encoder(&Default::default());
+    /// set.clip_norm(&mut encoder, &gradclip::ClipNorm::new(1.0).tensor_norms(true))?;
+    /// queue.submit([encoder.finish()]);
+    /// let report = set.read_report().await?;
+    /// assert_eq!(report.total_norm, 13.0);
+    /// assert_eq!(report.tensor_norms, [5.0, 12.0]);
+    /// # Ok::<(), gradclip::Error>(()) }).unwrap();
+    /// ```
+    pub fn clip_norm(&self, encoder: &mut wgpu::CommandEncoder, clip: &ClipNorm) -> Result<()> {
+        let (reduction, config) = clip.to_record()?;
+        self.begin(encoder, config, true)?;
+        self.encode_norm(encoder, reduction, &config, None);
+        self.encode_scale(encoder, None);
+        Ok(())
     }
 
-    pub(super) fn pass<'e>(
+    /// Timestamp queries written by one [`clip_norm_timed`](Self::clip_norm_timed).
+    pub const CLIP_TIMESTAMPS: u32 = 5;
+
+    /// [`clip_norm`](Self::clip_norm) plus GPU timestamps, for benchmarks and
+    /// profilers; the recorded work is otherwise identical. Writes
+    /// `query_set[first_index + k]` for k = 0: the reduce pass begins;
+    /// 1: reduce is done, finalize begins (only on devices with
+    /// `Features::TIMESTAMP_QUERY_INSIDE_PASSES`); 2: finalize is done;
+    /// 3 and 4: the scale pass begins and ends (not written for a layout
+    /// without elements). Between 2 and 3 the indirect arguments are copied.
+    ///
+    /// Needs `Features::TIMESTAMP_QUERY` and a `QueryType::Timestamp` set of
+    /// the clipper's device with room for
+    /// [`CLIP_TIMESTAMPS`](Self::CLIP_TIMESTAMPS) queries from `first_index`.
+    pub fn clip_norm_timed(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        clip: &ClipNorm,
+        query_set: &wgpu::QuerySet,
+        first_index: u32,
+    ) -> Result<()> {
+        let device = &self.inner.device;
+        if !device.features().contains(wgpu::Features::TIMESTAMP_QUERY) {
+            return Err(Error::UnsupportedDevice {
+                what: "timestamp queries",
+                have: 0,
+                need: 1,
+            });
+        }
+        if !matches!(query_set.ty(), wgpu::QueryType::Timestamp) {
+            return Err(Error::NotTimestampQuerySet);
+        }
+        too_large(
+            "timestamp query index",
+            first_index as u64 + Self::CLIP_TIMESTAMPS as u64,
+            query_set.count() as u64,
+        )?;
+        self.verified
+            .check(device, query_set, "query set", |encoder| {
+                // Resolving needs no written query and touches nothing else.
+                let probe = device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("gradclip query probe"),
+                    size: 8,
+                    usage: wgpu::BufferUsages::QUERY_RESOLVE,
+                    mapped_at_creation: false,
+                });
+                encoder.resolve_query_set(query_set, 0..1, &probe, 0);
+            })?;
+        let (reduction, config) = clip.to_record()?;
+        self.begin(encoder, config, true)?;
+        let timing = Some((query_set, first_index));
+        self.encode_norm(encoder, reduction, &config, timing);
+        self.encode_scale(encoder, timing);
+        Ok(())
+    }
+
+    /// Records the norm, the clip factor and this set's
+    /// [`NormPartial`](crate::NormPartial) without touching the gradients
+    /// (PyTorch's `get_total_norm`): for an optimizer that applies
+    /// [`coefficient_binding`](Self::coefficient_binding) on load, or for a
+    /// shard whose partial is combined with other ranks' before
+    /// [`clip_with_partial`](Self::clip_with_partial).
+    ///
+    /// Per-tensor clipping is rejected ([`Error::Unsupported`]): an
+    /// optimizer reading the one factor of `coefficient_binding` could not
+    /// apply per-tensor factors. Per-tensor norms for logging are fine.
+    ///
+    /// ```
+    /// # pollster::block_on(async {
+    /// # use wgpu::util::DeviceExt;
+    /// # let (device, queue, _) = gradclip::default_device().await?;
+    /// # let grads = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+    /// #     label: None, contents: bytemuck::cast_slice(&[3.0f32, 4.0]),
+    /// #     usage: wgpu::BufferUsages::STORAGE });
+    /// # let clipper = gradclip::Clipper::new(&device, &queue)?;
+    /// let set = clipper.bind(&grads, &gradclip::GradLayout::from_sizes(&[2])?)?;
+    /// let mut encoder = device.create_command_encoder(&Default::default());
+    /// set.record_norm(&mut encoder, &gradclip::ClipNorm::new(1.0))?;
+    /// queue.submit([encoder.finish()]);
+    /// let report = set.read_report().await?;
+    /// assert_eq!((report.total_norm, report.coefficient), (5.0, 1.0 / (5.0 + 1e-6)));
+    /// # Ok::<(), gradclip::Error>(()) }).unwrap();
+    /// ```
+    pub fn record_norm(&self, encoder: &mut wgpu::CommandEncoder, clip: &ClipNorm) -> Result<()> {
+        if clip.is_per_tensor() {
+            return Err(Error::Unsupported(
+                "per-tensor clipping in record_norm: an optimizer applies one factor",
+            ));
+        }
+        let (reduction, mut config) = clip.to_record()?;
+        config.flags |= CFG_NO_SCALE;
+        self.begin(encoder, config, true)?;
+        self.encode_norm(encoder, reduction, &config, None);
+        Ok(())
+    }
+
+    /// Clips with a total that the caller supplies (PyTorch's
+    /// `clip_grads_with_norm_`): `partial`, typically all ranks' partials
+    /// [combined](crate::NormPartial::combine), is recorded into the encoder
+    /// with the clip; the factor is computed from it on the GPU and the
+    /// gradients are scaled, not reduced again. The report's norm and
+    /// partial are the supplied ones.
+    ///
+    /// Per-tensor clipping and per-tensor norms have no supplied total:
+    /// they are rejected ([`Error::Unsupported`]). A partial that no
+    /// reduction of the clip's norm can produce is [`Error::InvalidPartial`].
+    ///
+    /// ```
+    /// # pollster::block_on(async {
+    /// # use wgpu::util::DeviceExt;
+    /// # let (device, queue, _) = gradclip::default_device().await?;
+    /// # let clipper = gradclip::Clipper::new(&device, &queue)?;
+    /// let shard = |data: &[f32]| device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+    ///     label: Some("shard"), contents: bytemuck::cast_slice(data), usage: wgpu::BufferUsages::STORAGE });
+    /// let (a, b) = (shard(&[3.0, 0.0]), shard(&[4.0]));
+    /// let sets = [clipper.bind(&a, &gradclip::GradLayout::from_sizes(&[2])?)?,
+    ///             clipper.bind(&b, &gradclip::GradLayout::from_sizes(&[1])?)?];
+    /// let clip = gradclip::ClipNorm::new(1.0);
+    /// // Each rank: its partial.
+    /// let mut partials = Vec::new();
+    /// for set in &sets {
+    ///     let mut encoder = device.create_command_encoder(&Default::default());
+    ///     set.record_norm(&mut encoder, &clip)?;
+    ///     queue.submit([encoder.finish()]);
+    ///     partials.push(set.read_partial().await?.1);
+    /// }
+    /// // The all-reduce, then every rank clips with the combined norm.
+    /// let combined = gradclip::NormPartial::combine(&partials, gradclip::Norm::L2)?;
+    /// for set in &sets {
+    ///     let mut encoder = device.create_command_encoder(&Default::default());
+    ///     set.clip_with_partial(&mut encoder, &clip, &combined)?;
+    ///     queue.submit([encoder.finish()]);
+    ///     assert_eq!(set.read_report().await?.total_norm, 5.0);
+    /// }
+    /// # Ok::<(), gradclip::Error>(()) }).unwrap();
+    /// ```
+    pub fn clip_with_partial(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        clip: &ClipNorm,
+        partial: &NormPartial,
+    ) -> Result<()> {
+        let (reduction, mut config) = supplied_config(clip)?;
+        partial.check(clip.norm_order())?;
+        config.supplied = partial.0;
+        self.begin(encoder, config, true)?;
+        self.encode_finish(encoder, reduction);
+        self.encode_scale(encoder, None);
+        Ok(())
+    }
+
+    /// [`clip_with_partial`](Self::clip_with_partial) with the 16-byte
+    /// partial read on the GPU from `source` at `offset` (usage `COPY_SRC`,
+    /// a 4-byte aligned offset): a partial combined on the GPU, or another
+    /// set's [`stats_buffer`](Self::stats_buffer) at its
+    /// [`partial_offset`](Self::partial_offset) — this set's own included.
+    ///
+    /// The bytes are only known on the GPU, so they are checked there with
+    /// the rules of [`NormPartial::check`]: bytes that no reduction of the
+    /// clip's norm can produce leave the gradients and the loss scale
+    /// untouched, and the step's report is [`Error::InvalidPartial`].
+    /// A source buffer that is mapped, destroyed or of another device is an
+    /// error before anything is recorded (natively; in the browser a foreign
+    /// buffer is reported by wgpu when the encoder is finished).
+    pub fn clip_with_partial_from(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        clip: &ClipNorm,
+        source: &wgpu::Buffer,
+        offset: u64,
+    ) -> Result<()> {
+        let (reduction, config) = supplied_config(clip)?;
+        require_usage(source, wgpu::BufferUsages::COPY_SRC)?;
+        let bytes = size_of::<Partial>() as u64;
+        if !offset.is_multiple_of(4)
+            || offset
+                .checked_add(bytes)
+                .is_none_or(|end| end > source.size())
+        {
+            return Err(Error::LayoutExceedsBuffer {
+                needed: offset.saturating_add(bytes),
+                buffer_size: source.size(),
+            });
+        }
+        check_recordable(source, "partial's source buffer")?;
+        let device = &self.inner.device;
+        self.verified
+            .check(device, source, "partial's source buffer", |encoder| {
+                encoder.copy_buffer_to_buffer(source, offset, &self.indirect, 0, 4);
+            })?;
+        self.begin(encoder, config, true)?;
+        encoder.copy_buffer_to_buffer(source, offset, &self.config, CONFIG_SUPPLIED_OFFSET, bytes);
+        self.encode_finish(encoder, reduction);
+        self.encode_scale(encoder, None);
+        Ok(())
+    }
+
+    /// Records value clipping: every element clamped to `[min, max]` in
+    /// place (PyTorch's `clip_grad_value_(v)` is `min = -v, max = v`). NaN
+    /// stays NaN; ±inf become the bounds. Makes no report.
+    ///
+    /// ```
+    /// # pollster::block_on(async {
+    /// # use wgpu::util::DeviceExt;
+    /// # let (device, queue, _) = gradclip::default_device().await?;
+    /// # let clipper = gradclip::Clipper::new(&device, &queue)?;
+    /// # let grads = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+    /// #     label: None, contents: bytemuck::cast_slice(&[0.5f32, -3.0, f32::NAN]),
+    /// #     usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC });
+    /// let set = clipper.bind(&grads, &gradclip::GradLayout::from_sizes(&[3])?)?;
+    /// let mut encoder = device.create_command_encoder(&Default::default());
+    /// set.clip_value(&mut encoder, -1.0, 1.0)?; // clip_grad_value_(params, 1.0)
+    /// queue.submit([encoder.finish()]);
+    /// // grads now hold [0.5, -1.0, NaN]
+    /// # Ok::<(), gradclip::Error>(()) }).unwrap();
+    /// ```
+    pub fn clip_value(&self, encoder: &mut wgpu::CommandEncoder, min: f32, max: f32) -> Result<()> {
+        let config = clamp_record(min, max)?;
+        if !self.bound.has_elements {
+            return Ok(());
+        }
+        self.begin(encoder, config, false)?;
+        let mut pass = self.pass(encoder, "gradclip clamp", None);
+        for (bind_group, elem) in self.window_pipelines() {
+            pass.set_pipeline(&elem.clamp);
+            pass.set_bind_group(0, bind_group, &[]);
+            pass.dispatch_workgroups(self.bound.flat_workgroups, 1, 1);
+        }
+        Ok(())
+    }
+
+    /// The checks every recording makes, then the clip's parameters: a norm
+    /// clip gets the next step number, and `config` is copied into the
+    /// config uniform by a command recorded into `encoder`.
+    fn begin(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        mut config: ClipConfig,
+        norm_clip: bool,
+    ) -> Result<()> {
+        for buffer in &self.bound.buffers {
+            check_recordable(buffer, "gradient buffer")?;
+        }
+        if norm_clip {
+            let step = self.steps.fetch_add(1, Ordering::AcqRel) + 1;
+            config.step = step as u32;
+            if config.flags & (CFG_TENSOR_NORMS | CFG_PER_TENSOR) != 0 {
+                self.tensor_steps.fetch_max(step, Ordering::AcqRel);
+            }
+        }
+        self.inner
+            .uploads
+            .upload(encoder, &self.config, 0, bytemuck::bytes_of(&config))
+    }
+
+    fn pass<'e>(
         &self,
         encoder: &'e mut wgpu::CommandEncoder,
         label: &'static str,
@@ -73,34 +374,33 @@ impl GradSet {
         })
     }
 
-    /// The workgroups the shaders stride with for `config` (WGSL's
-    /// `stride_workgroups()`): per-tensor chunks when per-tensor results are
-    /// asked for, flat chunks otherwise.
-    pub(super) fn workgroups_for(&self, config: &ClipConfig) -> u32 {
-        if config.flags & (CFG_TENSOR_NORMS | CFG_PER_TENSOR) != 0 {
-            self.workgroups
-        } else {
-            self.flat_workgroups
-        }
-    }
-
     /// The reduce dispatches (one per window) and the finalize dispatch;
-    /// timestamps 0, 1 (inside the pass, where the device can) and 2.
-    pub(super) fn encode_norm(
+    /// timestamps 0, 1 (inside the pass, where the device can) and 2. The
+    /// shaders walk per-tensor chunks when the config asks for per-tensor
+    /// results, flat chunks otherwise.
+    fn encode_norm(
         &self,
         encoder: &mut wgpu::CommandEncoder,
         reduction: Reduction,
         config: &ClipConfig,
-        offset: u32,
         timing: Timing<'_>,
     ) {
-        let pipelines = &self.inner.pipelines;
-        let mut pass = self.pass(encoder, "gradclip reduce + finalize", timing.writes(0, 2));
-        if self.has_elements {
-            for (bind_group, elem) in self.bind_groups.iter().zip(&self.window_pipelines) {
+        let mut pass = self.pass(
+            encoder,
+            "gradclip reduce + finalize",
+            timestamp_writes(timing, 0, 2),
+        );
+        if self.bound.has_elements {
+            // As many workgroups as the shaders stride by (stride_workgroups()).
+            let workgroups = if config.flags & (CFG_TENSOR_NORMS | CFG_PER_TENSOR) != 0 {
+                self.bound.workgroups
+            } else {
+                self.bound.flat_workgroups
+            };
+            for (bind_group, elem) in self.window_pipelines() {
                 pass.set_pipeline(elem.reduce(reduction));
-                pass.set_bind_group(0, bind_group, &[offset]);
-                pass.dispatch_workgroups(self.workgroups_for(config), 1, 1);
+                pass.set_bind_group(0, bind_group, &[]);
+                pass.dispatch_workgroups(workgroups, 1, 1);
             }
         }
         if let Some((query_set, first)) = timing {
@@ -113,20 +413,23 @@ impl GradSet {
                 pass.write_timestamp(query_set, first + 1);
             }
         }
-        pass.set_pipeline(pipelines.finalize(reduction));
-        pass.set_bind_group(0, &self.bind_groups[0], &[offset]);
+        pass.set_pipeline(self.inner.pipelines.finalize(reduction));
+        pass.set_bind_group(0, &self.bound.bind_groups[0], &[]);
+        pass.dispatch_workgroups(1, 1, 1);
+    }
+
+    /// The finalize dispatch for a supplied total.
+    fn encode_finish(&self, encoder: &mut wgpu::CommandEncoder, reduction: Reduction) {
+        let mut pass = self.pass(encoder, "gradclip finish", None);
+        pass.set_pipeline(self.inner.pipelines.finish(reduction));
+        pass.set_bind_group(0, &self.bound.bind_groups[0], &[]);
         pass.dispatch_workgroups(1, 1, 1);
     }
 
     /// The scale pass, as many workgroups as finalize decided (often none);
     /// timestamps 3 and 4.
-    pub(super) fn encode_scale(
-        &self,
-        encoder: &mut wgpu::CommandEncoder,
-        offset: u32,
-        timing: Timing<'_>,
-    ) {
-        if !self.has_elements {
+    fn encode_scale(&self, encoder: &mut wgpu::CommandEncoder, timing: Timing<'_>) {
+        if !self.bound.has_elements {
             return;
         }
         // The indirect arguments cannot be read from the stats binding
@@ -138,32 +441,23 @@ impl GradSet {
             0,
             DISPATCH_SIZE,
         );
-        let mut pass = self.pass(encoder, "gradclip scale", timing.writes(3, 4));
-        for (bind_group, elem) in self.bind_groups.iter().zip(&self.window_pipelines) {
+        let mut pass = self.pass(encoder, "gradclip scale", timestamp_writes(timing, 3, 4));
+        for (bind_group, elem) in self.window_pipelines() {
             pass.set_pipeline(&elem.scale);
-            pass.set_bind_group(0, bind_group, &[offset]);
+            pass.set_bind_group(0, bind_group, &[]);
             pass.dispatch_workgroups_indirect(&self.indirect, 0);
         }
     }
+}
 
-    pub(super) fn record_report(
-        &self,
-        encoder: &mut wgpu::CommandEncoder,
-        config: &ClipConfig,
-        clip: &ClipNorm,
-    ) {
-        let step = {
-            let mut steps = lock(&self.steps);
-            *steps += 1;
-            *steps
-        };
-        let tensors = clip.reports_tensor_norms();
-        self.reports.record(
-            encoder,
-            &self.stats,
-            step,
-            config.error_if_nonfinite != 0,
-            tensors,
-        );
+/// The config of a clip with a supplied total.
+fn supplied_config(clip: &ClipNorm) -> Result<(Reduction, ClipConfig)> {
+    if clip.reports_tensor_norms() {
+        return Err(Error::Unsupported(
+            "per-tensor clipping or norms with a supplied total",
+        ));
     }
+    let (reduction, mut config) = clip.to_record()?;
+    config.flags |= CFG_SUPPLIED;
+    Ok((reduction, config))
 }
