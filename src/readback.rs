@@ -282,7 +282,7 @@ pub(crate) struct Read {
 
 /// What the reads of a set have found: reports not yet taken, and which
 /// steps are settled (delivered, or known lost).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Book {
     /// Every step below this is settled.
     pub settled_below: u64,
@@ -298,4 +298,19 @@ pub(crate) struct Book {
     pub tensors_copied_for: u64,
     /// Steps recorded when `poll_reports` last started a read.
     pub started_for: u64,
+}
+
+impl Default for Book {
+    fn default() -> Self {
+        Self {
+            // Steps count from 1: there is no step 0 to wait for.
+            settled_below: 1,
+            settled: BTreeSet::new(),
+            queue: BTreeMap::new(),
+            latest: None,
+            dropped: 0,
+            tensors_copied_for: 0,
+            started_for: 0,
+        }
+    }
 }

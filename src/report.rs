@@ -357,7 +357,12 @@ impl GradSet {
                 .pending
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            let start = recorded > book.started_for && pending.is_empty();
+            // One read in flight at a time. Start one for steps recorded
+            // since the last read began, and again while recorded steps are
+            // still unseen: a read that began before their submission did
+            // not see them.
+            let unseen = book.latest.as_ref().map_or(0, |l| l.step) < recorded;
+            let start = pending.is_empty() && (recorded > book.started_for || unseen);
             if start {
                 book.started_for = recorded;
             }
