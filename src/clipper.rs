@@ -41,6 +41,9 @@ pub(crate) struct Inner {
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
     pub bind_group_layout: wgpu::BindGroupLayout,
+    /// One storage binding: a bind group of a buffer on it validates only
+    /// where that buffer belongs (see [`Inner::check_owns`]).
+    probe_layout: wgpu::BindGroupLayout,
     pipeline_layout: wgpu::PipelineLayout,
     pub pipelines: Pipelines,
     /// Staging buffers that carry each clip's parameters into its encoder.
@@ -202,6 +205,10 @@ impl Clipper {
                 uniform_entry::<ClipConfig>(5),
             ],
         });
+        let probe_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("gradclip device probe layout"),
+            entries: &[storage_entry(0, true)],
+        });
         let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some("gradclip pipeline layout"),
             bind_group_layouts: &[Some(&bind_group_layout)],
@@ -244,6 +251,7 @@ impl Clipper {
                 device: device.clone(),
                 queue: queue.clone(),
                 bind_group_layout,
+                probe_layout,
                 pipeline_layout,
                 pipelines,
                 uploads: Uploads::new(device),
@@ -277,6 +285,31 @@ impl Clipper {
 }
 
 impl Inner {
+    /// Fails with [`Error::ForeignDevice`] when `buffer` (with `STORAGE`
+    /// usage, checked by the caller) belongs to another device of the same
+    /// instance: natively, a 4-byte bind group of it on this device is made
+    /// inside error scopes, where the device is the only thing left to fail.
+    /// In the browser error scopes resolve asynchronously: wgpu reports a
+    /// foreign buffer at bind instead. (Objects of another wgpu `Instance`
+    /// make wgpu-core panic before any validation; that cannot be caught.)
+    pub fn check_owns(&self, buffer: &wgpu::Buffer, what: &'static str) -> Result<()> {
+        let catch = Catch::begin(&self.device);
+        let probe = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("gradclip device probe"),
+            layout: &self.probe_layout,
+            entries: &[wgpu::BindGroupEntry {
+                binding: 0,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer,
+                    offset: 0,
+                    size: wgpu::BufferSize::new(4),
+                }),
+            }],
+        });
+        drop(probe);
+        catch.end().map_err(|_| Error::ForeignDevice { what })
+    }
+
     /// The path a window of `dtype` takes on this clipper.
     pub fn path_of(&self, dtype: GradType) -> ElementPath {
         match dtype {

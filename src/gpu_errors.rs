@@ -6,6 +6,9 @@ use crate::error::{Error, Result};
 
 /// Error scopes around a group of object creations.
 pub(crate) struct Catch {
+    /// (validation, out-of-memory): the innermost scope first, because a
+    /// tuple drops its fields in order and scopes must be popped innermost
+    /// first when an early return drops the `Catch` before [`end`](Self::end).
     #[cfg(not(target_arch = "wasm32"))]
     scopes: (wgpu::ErrorScopeGuard, wgpu::ErrorScopeGuard),
 }
@@ -14,12 +17,11 @@ impl Catch {
     pub fn begin(device: &wgpu::Device) -> Self {
         #[cfg(target_arch = "wasm32")]
         let _ = device;
+        #[cfg(not(target_arch = "wasm32"))]
+        let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         Self {
             #[cfg(not(target_arch = "wasm32"))]
-            scopes: (
-                device.push_error_scope(wgpu::ErrorFilter::OutOfMemory),
-                device.push_error_scope(wgpu::ErrorFilter::Validation),
-            ),
+            scopes: (device.push_error_scope(wgpu::ErrorFilter::Validation), oom),
         }
     }
 
@@ -31,7 +33,7 @@ impl Catch {
     pub fn end(self) -> Result<()> {
         #[cfg(not(target_arch = "wasm32"))]
         {
-            let (oom, validation) = self.scopes;
+            let (validation, oom) = self.scopes;
             let first = pollster::block_on(validation.pop());
             let second = pollster::block_on(oom.pop());
             if let Some(e) = first.or(second) {

@@ -39,7 +39,11 @@ pub(crate) fn require_usage(buffer: &wgpu::Buffer, usage: wgpu::BufferUsages) ->
 /// one answer that allows GPU work (a `map_async` still pending looks the
 /// same, and cannot be seen).
 pub(crate) fn check_recordable(buffer: &wgpu::Buffer, what: &'static str) -> Result<()> {
-    match buffer.slice(..).get_mapped_range() {
+    if buffer.size() < 4 {
+        return Ok(()); // too small for any layout; the size checks say so
+    }
+    // The first word: a mappable range of any buffer of 4 bytes or more.
+    match buffer.slice(..4).get_mapped_range() {
         Ok(_view) => Err(Error::BufferMapped { what }),
         Err(e) => {
             let message = e.to_string();
@@ -49,9 +53,11 @@ pub(crate) fn check_recordable(buffer: &wgpu::Buffer, what: &'static str) -> Res
                 // In the browser every refusal reads alike; a destroyed
                 // buffer then fails the submission, which makes no report.
                 Ok(())
-            } else {
+            } else if message.contains("overlap") || message.contains("mapped") {
                 // Mapped, with a view of the user's still alive.
                 Err(Error::BufferMapped { what })
+            } else {
+                Ok(()) // anything else is for wgpu's own validation
             }
         }
     }
@@ -84,6 +90,7 @@ impl<'a> Placed<'a> {
         limits: &wgpu::Limits,
     ) -> Result<Self> {
         require_usage(buffer, wgpu::BufferUsages::STORAGE)?;
+        check_recordable(buffer, "gradient buffer")?;
         let needed = layout
             .packed_elements(dtype)
             .checked_mul(dtype.bytes())
@@ -127,6 +134,7 @@ impl<'a> Placed<'a> {
         let mut placements = Vec::with_capacity(ranges.len());
         for (tensor, ((range, dtype), elements)) in ranges.iter().zip(layout.sizes()).enumerate() {
             require_usage(range.buffer, wgpu::BufferUsages::STORAGE)?;
+            check_recordable(range.buffer, "gradient buffer")?;
             if !range.offset.is_multiple_of(4) {
                 return Err(Error::MisalignedTensor {
                     tensor,

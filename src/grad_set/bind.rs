@@ -226,6 +226,9 @@ fn bindings(
     scratch: Scratch<'_>,
 ) -> Result<Bindings> {
     let device = &inner.device;
+    for buffer in &placed.buffers {
+        inner.check_owns(buffer, "gradient buffer")?;
+    }
     let plan = &bound.plan;
     let limits = device.limits();
     let uniform_stride = (size_of::<WindowInfo>() as u64)
