@@ -157,3 +157,36 @@ fn timed_clip_needs_timestamp_queries() {
         "{err:?}"
     );
 }
+
+#[test]
+fn timed_clip_refuses_a_query_set_that_is_not_for_timestamps() {
+    let features = wgpu::Features::TIMESTAMP_QUERY;
+    let Some((device, queue)) = device(features) else {
+        eprintln!("adapter has no TIMESTAMP_QUERY: the feature check comes first");
+        return;
+    };
+    let clipper = gradclip::Clipper::new(&device, &queue).unwrap();
+    let data = grads(100);
+    let buffer = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: Some("timed test gradients"),
+        contents: bytemuck::cast_slice(&data),
+        usage: USAGE,
+    });
+    let layout = gradclip::GradLayout::from_sizes(&[100]).unwrap();
+    let set = clipper.bind(&buffer, &layout).unwrap();
+    let occlusion = device.create_query_set(&wgpu::QuerySetDescriptor {
+        label: Some("timed test occlusion queries"),
+        ty: wgpu::QueryType::Occlusion,
+        count: 8,
+    });
+    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let mut enc = device.create_command_encoder(&Default::default());
+    assert_eq!(
+        set.clip_norm_timed(&mut enc, &gradclip::ClipNorm::new(1e-3), &occlusion, 0),
+        Err(gradclip::Error::NotTimestampQuerySet)
+    );
+    queue.submit([enc.finish()]);
+    assert!(pollster::block_on(scope.pop()).is_none());
+    let after: Vec<f32> = bytemuck::cast_slice(&read(&device, &queue, &buffer)).to_vec();
+    assert_eq!(after, data, "nothing recorded");
+}

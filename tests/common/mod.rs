@@ -132,3 +132,68 @@ pub fn run_clip(
     assert_no_wgpu_errors();
     (report, after)
 }
+
+/// A device of its own with its own error sink, for tests that provoke wgpu
+/// errors on purpose (a rejected submission) or destroy the device: the
+/// shared device's handler must stay clean for every other test.
+pub struct OwnGpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub clipper: gradclip::Clipper,
+    pub errors: Arc<Mutex<Vec<String>>>,
+}
+
+pub fn own_gpu() -> OwnGpu {
+    let (device, queue, _) =
+        pollster::block_on(gradclip::default_device()).expect("a second device");
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let sink = errors.clone();
+    device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+        sink.lock().unwrap().push(e.to_string());
+    }));
+    let clipper = gradclip::Clipper::new(&device, &queue).expect("Clipper::new");
+    OwnGpu {
+        device,
+        queue,
+        clipper,
+        errors,
+    }
+}
+
+/// Two devices of one instance and adapter, the first with a clipper: for
+/// handing gradclip objects of the other device.
+pub fn two_devices() -> (OwnGpu, wgpu::Device) {
+    let instance =
+        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let adapter = pollster::block_on(wgpu::util::initialize_adapter_from_env_or_default(
+        &instance, None,
+    ))
+    .expect("adapter");
+    let request = || {
+        pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("one of two devices"),
+            required_limits: adapter.limits(),
+            ..Default::default()
+        }))
+        .expect("device")
+    };
+    let (device, queue) = request();
+    let (other, _) = request();
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    for d in [&device, &other] {
+        let sink = errors.clone();
+        d.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            sink.lock().unwrap().push(e.to_string());
+        }));
+    }
+    let clipper = gradclip::Clipper::new(&device, &queue).expect("Clipper::new");
+    (
+        OwnGpu {
+            device,
+            queue,
+            clipper,
+            errors,
+        },
+        other,
+    )
+}
