@@ -12,7 +12,7 @@ use mpi::traits::{Communicator, CommunicatorCollectives, Equivalence};
 use mpi::Count;
 
 use crate::error::{Error, Result};
-use crate::gpu_step::{Copied, GpuStep, Local};
+use crate::gpu_step::{self, Local, LocalRead};
 use crate::piece_norms::combine_piece_norms;
 use crate::shard::Shard;
 use crate::wire::{self, combine_gathered, Outcome, Wire, WIRE_WORDS};
@@ -90,7 +90,8 @@ pub struct ShardedSet {
     comm: SimpleCommunicator,
     rank: i32,
     set: GradSet,
-    gpu: GpuStep,
+    device: wgpu::Device,
+    queue: wgpu::Queue,
     exchange: Exchange,
     wire_type: UserDatatype,
     op: UnsafeUserOperation,
@@ -217,12 +218,12 @@ impl ShardedSet {
             any_split |= ranges.len() > 1;
         }
 
-        let gpu = GpuStep::new(device, queue, &set);
         Ok(Self {
             comm,
             rank,
             set,
-            gpu,
+            device: device.clone(),
+            queue: queue.clone(),
             exchange: Exchange::default(),
             wire_type: UserDatatype::contiguous(WIRE_WORDS as Count, &u32::equivalent_datatype()),
             // SAFETY: `combine_op` reads and writes exactly the records the
@@ -271,25 +272,33 @@ impl ShardedSet {
     /// Submits what `encoder` holds (the norm needs the gradients it
     /// computes), with the local norm appended, and leaves in `encoder` a
     /// fresh encoder with the clip recorded: record the optimizer after it
-    /// and submit as usual. On an error nothing is recorded into the fresh
-    /// encoder and no gradient is touched on any rank.
+    /// and submit as usual. On an error no gradient is touched on any rank:
+    /// nothing is recorded into the fresh encoder (with `error_if_nonfinite`
+    /// the clip is recorded and leaves the gradients as they are, so the
+    /// loss scale and the coefficient binding are what one process would
+    /// leave); if this rank's own call failed before submitting, `encoder`
+    /// still holds the caller's work, unsubmitted.
     pub fn clip_norm(&self, encoder: &mut wgpu::CommandEncoder, clip: &ClipNorm) -> Result<Step> {
         self.begin(encoder, clip).finish(encoder)
     }
 
-    /// The first half of a step: records the local norm and the 16-byte
-    /// copy into `encoder`, submits it, starts the map, and returns without
-    /// waiting, so the caller can do other host work before
+    /// The first half of a step: records the local norm into `encoder`,
+    /// submits it, submits the copy of the 16-byte partial (of the step's
+    /// report when the clip unscales or asks for per-tensor norms: that copy
+    /// is submitted by `finish`), and returns without waiting, so the
+    /// caller can do other host work while the GPU finishes, before
     /// [`PendingStep::finish`]. Never fails: an error is carried to
     /// `finish`, which must still be called so the other ranks learn of it
     /// (dropping the pending step tells them too).
     pub fn begin(&self, encoder: &mut wgpu::CommandEncoder, clip: &ClipNorm) -> PendingStep<'_> {
         let local = self.check(clip).and_then(|()| {
-            let copied = self.gpu.record_local(&self.set, encoder, clip)?;
-            let recorded = std::mem::replace(encoder, self.fresh_encoder());
-            let submission = self.gpu.queue().submit([recorded.finish()]);
-            self.gpu.start_map(&copied);
-            Ok((submission, copied))
+            Ok(gpu_step::submit_local(
+                &self.set,
+                &self.queue,
+                encoder,
+                || self.fresh_encoder(),
+                clip,
+            )?)
         });
         PendingStep {
             set: self,
@@ -299,8 +308,7 @@ impl ShardedSet {
     }
 
     fn fresh_encoder(&self) -> wgpu::CommandEncoder {
-        self.gpu
-            .device()
+        self.device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("gradclip-mpi clip"),
             })
@@ -376,7 +384,7 @@ pub struct PendingStep<'s> {
     set: &'s ShardedSet,
     clip: ClipNorm,
     /// Taken by `finish`; still here on drop when it was never called.
-    local: Option<Result<(wgpu::SubmissionIndex, Copied)>>,
+    local: Option<Result<LocalRead<'s>>>,
 }
 
 impl PendingStep<'_> {
@@ -391,9 +399,8 @@ impl PendingStep<'_> {
         sharded.steps.set(step);
 
         let waited = Instant::now();
-        let local: Result<Local> = local.and_then(|(submission, copied)| {
-            Ok(sharded.gpu.finish_read(&sharded.set, submission, &copied)?)
-        });
+        let local: Result<Local> =
+            local.and_then(|read| Ok(gpu_step::finish_local(&sharded.set, read, &clip)?));
         let readback = waited.elapsed();
 
         let exchanged = Instant::now();
@@ -425,17 +432,13 @@ impl PendingStep<'_> {
             // Every tensor is whole on its rank (checked in `begin`): each
             // rank clips its own, as one process would.
             if !refuse {
-                sharded
-                    .gpu
-                    .record_local_clip(&sharded.set, encoder, &clip)?;
+                sharded.set.clip_norm(encoder, &clip)?;
             }
         } else {
             // Recorded even when refusing: the GPU then leaves the gradients
             // untouched and its state (coefficient binding, loss scale) is
             // what one process would have.
-            sharded
-                .gpu
-                .record_clip(&sharded.set, encoder, &clip, &combined)?;
+            gpu_step::record_clip(&sharded.set, encoder, &clip, &combined)?;
         }
         if refuse {
             return Err(gradclip::Error::NonFinite {
@@ -459,11 +462,9 @@ impl PendingStep<'_> {
 impl Drop for PendingStep<'_> {
     fn drop(&mut self) {
         if let Some(local) = self.local.take() {
-            // Never finished: release the readback (the next step maps it
-            // again), then tell the other ranks this one failed.
-            if let Ok((submission, copied)) = local {
-                let _ = self.set.gpu.finish_read(&self.set.set, submission, &copied);
-            }
+            // Never finished: the readback is released when the copy is
+            // back; tell the other ranks this one failed.
+            drop(local);
             let record = Wire::new(self.set.rank, &self.clip, None);
             let _ = self.set.exchange_records(record);
         }

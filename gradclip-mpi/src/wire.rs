@@ -113,7 +113,9 @@ impl Wire {
         }
     }
 
-    pub fn partial(&self) -> NormPartial {
+    /// The partial this record carries; an error for bits no reduction
+    /// produces (a corrupted record, or a rank on another build).
+    pub fn partial(&self) -> gradclip::Result<NormPartial> {
         NormPartial::from_bytes(bytemuck::cast(self.partial))
     }
 
@@ -129,10 +131,14 @@ impl Wire {
             return;
         }
         let norm = norm_of_p(f32::from_bits(self.p_bits));
-        match NormPartial::combine(&[other.partial(), self.partial()], norm) {
+        let both = other
+            .partial()
+            .and_then(|o| Ok([o, self.partial()?]))
+            .and_then(|parts| NormPartial::combine(&parts, norm));
+        match both {
             Ok(both) => self.partial = bytemuck::cast(both.to_bytes()),
-            // A norm order no rank could have recorded with: treat it as a
-            // disagreement rather than trust the partials.
+            // Bits no reduction of this norm produces: treat them as a
+            // disagreement rather than trust them.
             Err(_) => self.fingerprint = MISMATCH,
         }
     }
@@ -160,7 +166,10 @@ impl From<&Wire> for Outcome {
         } else if total.fingerprint == MISMATCH {
             Outcome::Mismatch
         } else {
-            Outcome::Combined(total.partial())
+            match total.partial() {
+                Ok(partial) => Outcome::Combined(partial),
+                Err(_) => Outcome::Mismatch,
+            }
         }
     }
 }
@@ -180,15 +189,19 @@ pub(crate) fn combine_gathered(records: &[Wire]) -> Outcome {
             total.fingerprint = MISMATCH;
         }
     }
-    if let Outcome::Combined(_) = Outcome::from(&total) {
-        let partials: Vec<NormPartial> = records.iter().map(Wire::partial).collect();
-        let norm = norm_of_p(f32::from_bits(total.p_bits));
-        match NormPartial::combine(&partials, norm) {
-            Ok(combined) => return Outcome::Combined(combined),
-            Err(_) => return Outcome::Mismatch,
-        }
+    if total.failed != 0 || total.fingerprint == MISMATCH {
+        return Outcome::from(&total);
     }
-    Outcome::from(&total)
+    let norm = norm_of_p(f32::from_bits(total.p_bits));
+    let combined = records
+        .iter()
+        .map(Wire::partial)
+        .collect::<gradclip::Result<Vec<NormPartial>>>()
+        .and_then(|partials| NormPartial::combine(&partials, norm));
+    match combined {
+        Ok(combined) => Outcome::Combined(combined),
+        Err(_) => Outcome::Mismatch,
+    }
 }
 
 /// The user-defined MPI operation of the all-reduce path:
@@ -226,7 +239,7 @@ mod tests {
     use super::*;
 
     fn wire(rank: i32, clip: &ClipNorm, bytes: [u8; 16]) -> Wire {
-        Wire::new(rank, clip, Some(NormPartial::from_bytes(bytes)))
+        Wire::new(rank, clip, Some(NormPartial::from_bytes(bytes).unwrap()))
     }
 
     /// L2 partials are Blue's three sums: small, medium and big.
