@@ -41,6 +41,6 @@ WGPU_BACKEND=vulkan cargo test --release -p gradclip-mpi
 echo "== gradclip-mpi: sharded MLP on 4 ranks against one process"
 cargo build --release -p gradclip-mpi --example sharded_mlp
 WGPU_BACKEND=vulkan timeout --kill-after=10 600 \
-    mpirun "${mpirun_flags[@]}" -np 4 target/release/examples/sharded_mlp --steps 200 --every 50
+    mpirun "${mpirun_flags[@]}" -np 4 "${CARGO_TARGET_DIR:-target}/release/examples/sharded_mlp" --steps 200 --every 50
 
 echo "== gradclip-mpi CI passed"
