@@ -1,7 +1,7 @@
 //! `ShardedSet`: one rank's shard of the gradients, clipped by the global
 //! norm of all ranks' shards with one exchange per step.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::time::{Duration, Instant};
 
 use gradclip::{ClipNorm, GradSet, NormPartial};
@@ -104,6 +104,8 @@ pub struct ShardedSet {
     /// Some tensor has pieces on more than one rank (or several on one).
     any_split: bool,
     steps: Cell<u64>,
+    /// Where the all-gather lands: every rank's record, made once.
+    gathered: RefCell<Vec<u32>>,
 }
 
 impl std::fmt::Debug for ShardedSet {
@@ -235,6 +237,7 @@ impl ShardedSet {
             global_tensors: global.len(),
             any_split,
             steps: Cell::new(0),
+            gathered: RefCell::new(vec![0u32; WIRE_WORDS * size]),
         })
     }
 
@@ -336,7 +339,7 @@ impl ShardedSet {
         let words: [u32; WIRE_WORDS] = bytemuck::cast(record);
         match self.exchange {
             Exchange::AllGather => {
-                let mut all = vec![0u32; WIRE_WORDS * self.comm.size() as usize];
+                let mut all = self.gathered.borrow_mut();
                 self.comm.all_gather_into(&words[..], &mut all[..]);
                 let records: &[Wire] = bytemuck::cast_slice(&all);
                 combine_gathered(records)
