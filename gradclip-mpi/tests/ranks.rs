@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use gradclip::{ClipNorm, Clipper, GradLayout, GradSet, LossScaler, Norm, Semantics};
+use gradclip::{ClipNorm, Clipper, GradLayout, GradSet, GradType, LossScaler, Norm, Semantics};
 use gradclip_mpi::{Error, Exchange, ReplicatedSet, ShardPlan, ShardedSet};
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::{Communicator, CommunicatorCollectives};
@@ -159,6 +159,7 @@ fn ranks() {
     );
     ctx.case("a failing rank fails every rank", failing_rank);
     ctx.case("loss scaling agrees", loss_scaling);
+    ctx.case("bf16 with loss scaling, odd cuts", bf16_loss_scaling);
     ctx.case("per-tensor norms and clips", per_tensor);
     ctx.case("replicated ranks agree", replicated);
 }
@@ -224,6 +225,11 @@ fn storage(ctx: &Ctx, data: &[f32]) -> wgpu::Buffer {
 }
 
 fn read(ctx: &Ctx, buffer: &wgpu::Buffer, len: usize) -> Vec<f32> {
+    bytemuck::cast_slice(&read_words(ctx, buffer, len)).to_vec()
+}
+
+/// The first `len` 4-byte words of `buffer`.
+fn read_words(ctx: &Ctx, buffer: &wgpu::Buffer, len: usize) -> Vec<u32> {
     if len == 0 {
         return Vec::new();
     }
@@ -690,5 +696,138 @@ fn replicated(ctx: &Ctx) {
     match set.check_agreement() {
         Err(Error::Diverged { rank: 1, .. }) => {}
         other => panic!("rank {}: skewed replicas: {other:?}", ctx.rank),
+    }
+}
+
+/// bf16 of `x`, truncated (the test data only needs to be bf16 values).
+fn bf16_bits(x: f32) -> u16 {
+    (x.to_bits() >> 16) as u16
+}
+
+/// `values` (one per element of `layout`) as bf16 packed the way
+/// `bind_as` reads them (each tensor from an even element), padded to whole
+/// 4-byte words.
+fn pack_bf16(layout: &GradLayout, values: &[f32]) -> Vec<u16> {
+    let packed = layout.packed_elements(GradType::Bf16) as usize;
+    let mut out = vec![0u16; packed.next_multiple_of(2).max(2)];
+    for t in 0..layout.len() {
+        let dst = layout.packed_range(t, GradType::Bf16).start as usize;
+        for (k, i) in layout.range(t).enumerate() {
+            out[dst + k] = bf16_bits(values[i as usize]);
+        }
+    }
+    out
+}
+
+fn unpack_bf16(layout: &GradLayout, words: &[u16]) -> Vec<f32> {
+    (0..layout.len())
+        .flat_map(|t| {
+            let dst = layout.packed_range(t, GradType::Bf16);
+            words[dst.start as usize..dst.end as usize]
+                .iter()
+                .map(|&b| f32::from_bits((b as u32) << 16))
+        })
+        .collect()
+}
+
+fn bf16_buffer(ctx: &Ctx, words: &[u16]) -> wgpu::Buffer {
+    let buffer = storage(ctx, &vec![0f32; words.len() / 2]);
+    ctx.queue
+        .write_buffer(&buffer, 0, bytemuck::cast_slice(words));
+    buffer
+}
+
+fn read_bf16(ctx: &Ctx, layout: &GradLayout, buffer: &wgpu::Buffer, words: usize) -> Vec<f32> {
+    let read = read_words(ctx, buffer, words / 2);
+    unpack_bf16(layout, bytemuck::cast_slice(&read))
+}
+
+/// GradScaler's setting: bf16 gradients of a scaled loss, shards cut at odd
+/// elements (so pieces start mid-word in the one-process packing), an inf
+/// on one rank in the third step.
+fn bf16_loss_scaling(ctx: &Ctx) {
+    let scale = 1024.0f32;
+    let scaler = LossScaler::new().init_scale(scale).growth_interval(2);
+    let clip = ClipNorm::new(1.0).unscale(true);
+    let clean: Vec<f32> = concatenation().iter().map(|x| x * scale).collect();
+    for (p, plan) in plans(ctx.size).iter().enumerate() {
+        let shard = plan.shard(ctx.rank).unwrap();
+        let local = shard.layout();
+        let own_range = plan.elements(ctx.rank);
+        let packed = pack_bf16(local, own(plan, ctx.rank, &clean));
+        let buffer = bf16_buffer(ctx, &packed);
+        let set = ctx.clipper.bind_as(&buffer, local, GradType::Bf16).unwrap();
+        let set = ShardedSet::new(&ctx.world, &ctx.device, &ctx.queue, set, &shard).unwrap();
+        set.set().set_loss_scaler(&scaler).unwrap();
+        let whole_packed = pack_bf16(&global(), &clean);
+        let whole_buffer = bf16_buffer(ctx, &whole_packed);
+        let whole_set = ctx
+            .clipper
+            .bind_as(&whole_buffer, &global(), GradType::Bf16)
+            .unwrap();
+        whole_set.set_loss_scaler(&scaler).unwrap();
+        for (i, inf) in [false, false, true, false].into_iter().enumerate() {
+            let what = format!("bf16 plan {p} step {i}, rank {}", ctx.rank);
+            let mut data = clean.clone();
+            if inf {
+                // The last element, on the last rank that holds any.
+                data[clean.len() - 1] = f32::INFINITY;
+            }
+            let mine = pack_bf16(local, own(plan, ctx.rank, &data));
+            ctx.queue
+                .write_buffer(&buffer, 0, bytemuck::cast_slice(&mine));
+            let mut encoder = ctx.device.create_command_encoder(&Default::default());
+            let step = set.clip_norm(&mut encoder, &clip);
+            ctx.queue.submit([encoder.finish()]);
+            let step = step.unwrap_or_else(|e| panic!("{what}: {e}"));
+            let got = read_bf16(ctx, local, &buffer, mine.len());
+
+            let whole = pack_bf16(&global(), &data);
+            ctx.queue
+                .write_buffer(&whole_buffer, 0, bytemuck::cast_slice(&whole));
+            let mut encoder = ctx.device.create_command_encoder(&Default::default());
+            whole_set.clip_norm(&mut encoder, &clip).unwrap();
+            ctx.queue.submit([encoder.finish()]);
+            let whole_report = pollster::block_on(whole_set.read_report()).unwrap();
+            let whole = read_bf16(ctx, &global(), &whole_buffer, whole.len());
+
+            let report = pollster::block_on(set.set().read_report()).unwrap();
+            assert_eq!(
+                (
+                    report.found_inf,
+                    report.unscaled_by,
+                    report.loss_scale,
+                    report.growth_tracker
+                ),
+                (
+                    whole_report.found_inf,
+                    whole_report.unscaled_by,
+                    whole_report.loss_scale,
+                    whole_report.growth_tracker
+                ),
+                "{what}: the scaler as one process"
+            );
+            assert_eq!(report.found_inf, inf, "{what}: found_inf");
+            // The clipped values are stored as bf16: a last-bit difference
+            // of the coefficient may round to the neighbouring bf16.
+            let ulp = 2f64.powi(-7);
+            let want = &whole[own_range.start as usize..own_range.end as usize];
+            for (k, (&g, &w)) in got.iter().zip(want).enumerate() {
+                let (g, w) = (g as f64, w as f64);
+                assert!(
+                    g == w || (g - w).abs() <= ulp * w.abs(),
+                    "{what}: element {k} is {g}, one process {w}"
+                );
+            }
+            if !inf {
+                let want = whole_report.total_norm as f64;
+                let norm = step.total_norm;
+                assert!(
+                    (norm - want).abs() <= TOL * want,
+                    "{what}: {norm} vs {want}"
+                );
+            }
+            assert_same_everywhere(ctx, &what, &step_words(&step, &report));
+        }
     }
 }
