@@ -83,8 +83,8 @@ pub(crate) struct Ticket {
     size: u64,
     #[cfg(not(target_arch = "wasm32"))]
     submission: wgpu::SubmissionIndex,
-    /// Resolves when the map callback has run (the browser awaits it).
-    #[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
+    /// Resolves when the map callback has run: the browser awaits it, and
+    /// natively a wait whose callback another thread's poll is running.
     signal: OneshotReceiver<()>,
 }
 
@@ -108,6 +108,11 @@ impl Ticket {
                         timeout: None,
                     })
                     .map_err(|e| Error::Readback(e.to_string()))?;
+            }
+            if !self.is_done() {
+                // Another thread's poll took the callback and is running it
+                // right now: the submission is done, so this wait is short.
+                self.signal.receive().await;
             }
         }
         #[cfg(target_arch = "wasm32")]
