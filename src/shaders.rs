@@ -133,6 +133,20 @@ pub const SCALE_BF16_PACKED: PassModule = PassModule {
     shader_f16: false,
 };
 
+/// The adaptive thresholds (ZClip, AutoClip; [`crate::AdaptiveClip`]): a
+/// module of its own with its own bind group (the set's `ClipState`, the
+/// adaptive state, its parameters), not in [`MODULES`], whose passes all
+/// share one layout.
+pub const ADAPTIVE: PassModule = PassModule {
+    name: "gradclip adaptive",
+    files: &[
+        CLIP_STATE,
+        ("adaptive.wgsl", include_str!("../shaders/adaptive.wgsl")),
+    ],
+    entry_points: &["adaptive_step"],
+    shader_f16: false,
+};
+
 /// Every pass module; the first three are the f32 ones.
 pub const MODULES: [PassModule; 9] = [
     REDUCE,

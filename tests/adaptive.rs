@@ -1,0 +1,517 @@
+//! ZClip and AutoClip on the GPU against the float64 references of
+//! `tests/common/adaptive_reference.rs`, run side by side for 500 steps of
+//! the synthetic norm sequence (spikes, a slow drift, a NaN step): every
+//! step's threshold, decision, coefficient and clipped gradients.
+
+mod common;
+
+use common::adaptive_reference::{self as reference, Rng, StepOut};
+use common::{assert_no_wgpu_errors, download, gpu, upload};
+use gradclip::{AdaptiveClip, AdaptiveDecision, AdaptiveMethod, ClipNorm, GradLayout, Semantics};
+
+/// Tensor sizes of the test set (two tensors, so the flat walk crosses one).
+const SIZES: [usize; 2] = [700, 324];
+/// Relative tolerance of thresholds, coefficients and clipped gradients.
+const TOL: f64 = 1e-5;
+/// Relative distance from a decision's boundary below which f32 and f64 may
+/// decide differently.
+const EDGE: f64 = 1e-5;
+
+fn rel(got: f64, want: f64) -> f64 {
+    if got == want {
+        return 0.0;
+    }
+    (got - want).abs() / want.abs().max(f64::MIN_POSITIVE)
+}
+
+fn same(got: f64, want: f64, tol: f64) -> bool {
+    (got.is_nan() && want.is_nan()) || rel(got, want) <= tol
+}
+
+/// Tests of this file take turns on the shared device: the set's
+/// `read_report` natively waits for its submission and then expects its map
+/// callback to have run, which a `poll` running at the same time on another
+/// thread (another test's read) can still be delivering.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    TURN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One GPU step: what the adaptive pass and the set reported.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct GpuStep {
+    decision: AdaptiveDecision,
+    coefficient: f32,
+    total_norm: f32,
+}
+
+impl GpuStep {
+    fn bits(&self) -> [u32; 6] {
+        let d = &self.decision;
+        [
+            d.norm.to_bits(),
+            d.threshold.to_bits(),
+            d.boundary.to_bits(),
+            self.coefficient.to_bits(),
+            self.total_norm.to_bits(),
+            d.clipped as u32 | (d.spike as u32) << 1 | (d.skipped as u32) << 2,
+        ]
+    }
+}
+
+/// A set over freshly uploaded gradients with an adaptive clip on it.
+struct Run {
+    buffer: wgpu::Buffer,
+    set: gradclip::GradSet,
+    adaptive: AdaptiveClip,
+    clip: ClipNorm,
+}
+
+impl Run {
+    fn new(method: AdaptiveMethod, semantics: Semantics) -> Self {
+        let g = gpu();
+        let len: usize = SIZES.iter().sum();
+        let buffer = upload(&g.device, &vec![0.0; len]);
+        let layout = GradLayout::from_sizes(&SIZES).unwrap();
+        let set = g.clipper.bind(&buffer, &layout).unwrap();
+        let adaptive = AdaptiveClip::new(&set, method).unwrap();
+        let clip = match semantics {
+            Semantics::Torch => ClipNorm::new(1.0),
+            Semantics::TensorFlow => ClipNorm::tensorflow(1.0),
+        };
+        Self {
+            buffer,
+            set,
+            adaptive,
+            clip,
+        }
+    }
+
+    /// Uploads `data`, records and submits one adaptive step (nothing is
+    /// mapped or read while recording), then reads what it did.
+    fn step(&self, data: &[f32]) -> (GpuStep, Vec<f32>) {
+        let g = gpu();
+        g.queue
+            .write_buffer(&self.buffer, 0, bytemuck::cast_slice(data));
+        let mut encoder = g.device.create_command_encoder(&Default::default());
+        self.adaptive
+            .clip(&self.set, &mut encoder, &self.clip)
+            .unwrap();
+        g.queue.submit([encoder.finish()]);
+        let decision = pollster::block_on(self.adaptive.read_decision()).unwrap();
+        let report = pollster::block_on(self.set.read_report()).unwrap();
+        let after = download(&g.device, &g.queue, &self.buffer, data.len());
+        assert_no_wgpu_errors();
+        let step = GpuStep {
+            decision,
+            coefficient: report.coefficient,
+            total_norm: report.total_norm,
+        };
+        (step, after)
+    }
+}
+
+/// The float64 norm of the data (NaN or inf as the data makes it).
+fn norm64(data: &[f32]) -> f64 {
+    if data.iter().any(|x| x.is_nan()) {
+        return f64::NAN;
+    }
+    data.iter()
+        .map(|&x| x as f64 * x as f64)
+        .sum::<f64>()
+        .sqrt()
+}
+
+/// Runs the synthetic sequence through the GPU and `reference`, checking
+/// every step; returns the GPU steps for bit-identity checks.
+fn run_against(
+    method: AdaptiveMethod,
+    semantics: Semantics,
+    mut reference: impl FnMut(f64) -> StepOut,
+) -> Vec<GpuStep> {
+    let run = Run::new(method, semantics);
+    let targets = reference::synthetic_norms(reference::SYNTH_SEED);
+    let mut rng = Rng::new(0x00ad_a971);
+    let len: usize = SIZES.iter().sum();
+    let mut steps = Vec::new();
+    let (mut clipped, mut skipped, mut on_edge) = (0, 0, 0);
+    for (t, &target) in targets.iter().enumerate() {
+        let data = reference::gradients_with_norm(&mut rng, len, target);
+        let norm = norm64(&data);
+        let want = reference(norm);
+        let (got, after) = run.step(&data);
+        let d = &got.decision;
+        let ctx = format!("step {t}: gpu {got:?}\nreference {want:?}");
+        assert!(same(d.norm as f64, norm, 1e-6), "norm, {ctx}");
+        assert_eq!(d.skipped, want.skipped, "skipped, {ctx}");
+        // Decisions are compared off the knife's edge: f32 arithmetic moves
+        // a boundary by ~1e-7 relative, so within EDGE of it either side is
+        // right (AutoClip meets such steps: the norm is in its own window).
+        // The threshold and the coefficient, continuous there, still are.
+        if want.margin > EDGE {
+            assert_eq!(d.clipped, want.clipped, "clipped, {ctx}");
+            assert_eq!(d.spike, want.spike, "spike, {ctx}");
+        } else {
+            on_edge += 1;
+        }
+        assert!(
+            same(d.threshold as f64, want.threshold, TOL),
+            "threshold {} vs {} ({:e}), {ctx}",
+            d.threshold,
+            want.threshold,
+            rel(d.threshold as f64, want.threshold)
+        );
+        assert!(
+            same(d.boundary as f64, want.boundary, TOL),
+            "boundary, {ctx}"
+        );
+        assert!(
+            same(got.coefficient as f64, want.coefficient, TOL),
+            "coefficient {} vs {}, {ctx}",
+            got.coefficient,
+            want.coefficient
+        );
+        for (i, (&before, &a)) in data.iter().zip(&after).enumerate() {
+            let expect = before as f64 * want.coefficient;
+            let ok = if expect.is_nan() {
+                a.is_nan()
+            } else {
+                (a as f64 - expect).abs() <= TOL * expect.abs() + 1e-30
+            };
+            assert!(ok, "element {i} = {a}, want {expect}, {ctx}");
+        }
+        clipped += want.clipped as usize;
+        skipped += want.skipped as usize;
+        steps.push(got);
+    }
+    // The sequence exercised what it is for.
+    assert!(clipped >= 3, "only {clipped} clipped steps");
+    assert_eq!(skipped, 1);
+    assert!(
+        on_edge <= 5,
+        "{on_edge} steps within {EDGE:e} of a boundary"
+    );
+    steps
+}
+
+fn zclip_reference(cfg: reference::ZClipConfig) -> impl FnMut(f64) -> StepOut {
+    let mut z = reference::ZClip::new(cfg);
+    move |g| z.step(g)
+}
+
+fn autoclip_reference(cfg: reference::AutoClipConfig) -> impl FnMut(f64) -> StepOut {
+    let mut a = reference::AutoClip::new(cfg);
+    move |g| a.step(g)
+}
+
+#[test]
+fn zclip_defaults_follow_the_reference_and_repeat_bit_for_bit() {
+    let _turn = serial();
+    let method = gradclip::ZClip::new().into();
+    let cfg = reference::ZClipConfig::default();
+    let first = run_against(method, Semantics::Torch, zclip_reference(cfg));
+    // Every spike of the sequence after warm-up is caught.
+    for (t, _) in reference::SPIKES {
+        assert!(first[t].decision.clipped, "spike at step {t} not clipped");
+    }
+    let second = run_against(method, Semantics::Torch, zclip_reference(cfg));
+    let bits = |s: &[GpuStep]| s.iter().map(GpuStep::bits).collect::<Vec<_>>();
+    assert_eq!(bits(&first), bits(&second), "two runs differ");
+}
+
+#[test]
+fn zclip_to_the_mean_with_a_cap_and_no_update_on_spikes() {
+    let _turn = serial();
+    let method = gradclip::ZClip::new()
+        .mode(gradclip::ZClipMode::ZScore(gradclip::ZClipTo::Mean))
+        .max_norm(Some(3.0))
+        .skip_update_on_spike(true)
+        .warmup_steps(10)
+        .into();
+    let cfg = reference::ZClipConfig {
+        mode: reference::ZMode::ZScore(reference::ZClipTo::Mean),
+        max_norm: Some(3.0),
+        skip_update_on_spike: true,
+        warmup_steps: 10,
+        ..Default::default()
+    };
+    run_against(method, Semantics::Torch, zclip_reference(cfg));
+}
+
+#[test]
+fn zclip_percentile_mode_under_tensorflow_semantics() {
+    let _turn = serial();
+    let method = gradclip::ZClip::new()
+        .mode(gradclip::ZClipMode::Percentile)
+        .alpha(0.9)
+        .z_thresh(3.0)
+        .into();
+    let cfg = reference::ZClipConfig {
+        mode: reference::ZMode::Percentile,
+        alpha: 0.9,
+        z_thresh: 3.0,
+        semantics: Semantics::TensorFlow,
+        ..Default::default()
+    };
+    run_against(method, Semantics::TensorFlow, zclip_reference(cfg));
+}
+
+#[test]
+fn autoclip_over_all_of_history_follows_the_paper() {
+    let _turn = serial();
+    // A window longer than the run is the paper's "all of history".
+    let method = gradclip::AutoClip::new(10.0).window(512).into();
+    let cfg = reference::AutoClipConfig::paper(10.0);
+    let first = run_against(method, Semantics::Torch, autoclip_reference(cfg));
+    let second = run_against(method, Semantics::Torch, autoclip_reference(cfg));
+    let bits = |s: &[GpuStep]| s.iter().map(GpuStep::bits).collect::<Vec<_>>();
+    assert_eq!(bits(&first), bits(&second), "two runs differ");
+}
+
+#[test]
+fn autoclip_windowed_quantile_clip_under_tensorflow() {
+    let _turn = serial();
+    let method = gradclip::AutoClip::new(90.0)
+        .window(50)
+        .include_current(false)
+        .into();
+    let cfg = reference::AutoClipConfig {
+        percentile: 90.0,
+        window: Some(50),
+        include_current: false,
+        semantics: Semantics::TensorFlow,
+    };
+    run_against(method, Semantics::TensorFlow, autoclip_reference(cfg));
+}
+
+#[test]
+fn autoclip_interpolates_between_order_statistics() {
+    let _turn = serial();
+    // p = 37 over 13-norm windows: h = 12 · 0.37 = 4.44, never an integer.
+    let method = gradclip::AutoClip::new(37.0).window(13).into();
+    let cfg = reference::AutoClipConfig {
+        percentile: 37.0,
+        window: Some(13),
+        include_current: true,
+        semantics: Semantics::Torch,
+    };
+    run_against(method, Semantics::Torch, autoclip_reference(cfg));
+}
+
+/// A state saved mid-run and restored into a new adaptive clip on another
+/// set carries on exactly as the original does.
+fn save_and_restore(method: AdaptiveMethod) {
+    let targets = reference::synthetic_norms(reference::SYNTH_SEED);
+    let len: usize = SIZES.iter().sum();
+    let mut rng = Rng::new(7);
+    let data: Vec<Vec<f32>> = targets
+        .iter()
+        .take(300)
+        .map(|&t| reference::gradients_with_norm(&mut rng, len, t))
+        .collect();
+    let original = Run::new(method, Semantics::Torch);
+    for d in &data[..150] {
+        original.step(d);
+    }
+    let saved = pollster::block_on(original.adaptive.save_state()).unwrap();
+    assert_eq!(saved.len() as u64, original.adaptive.state_size());
+    let resumed = Run::new(method, Semantics::Torch);
+    resumed.adaptive.restore_state(&saved).unwrap();
+    for (t, d) in data[150..].iter().enumerate() {
+        let (a, after_a) = original.step(d);
+        let (b, after_b) = resumed.step(d);
+        assert_eq!(a.bits(), b.bits(), "step {} after the restore", t + 150);
+        assert_eq!(
+            bytemuck::cast_slice::<f32, u32>(&after_a),
+            bytemuck::cast_slice::<f32, u32>(&after_b)
+        );
+    }
+    // A restore of the resumed state's own bytes changes nothing.
+    let again = pollster::block_on(resumed.adaptive.save_state()).unwrap();
+    resumed.adaptive.restore_state(&again).unwrap();
+    assert_eq!(
+        pollster::block_on(resumed.adaptive.save_state()).unwrap(),
+        again
+    );
+}
+
+#[test]
+fn zclip_state_survives_save_and_restore() {
+    let _turn = serial();
+    save_and_restore(gradclip::ZClip::new().into());
+}
+
+#[test]
+fn autoclip_state_survives_save_and_restore() {
+    let _turn = serial();
+    save_and_restore(gradclip::AutoClip::new(25.0).window(64).into());
+}
+
+#[test]
+fn restore_rejects_foreign_or_corrupt_state() {
+    let _turn = serial();
+    let z = Run::new(gradclip::ZClip::new().into(), Semantics::Torch);
+    let a = Run::new(
+        gradclip::AutoClip::new(10.0).window(25).into(),
+        Semantics::Torch,
+    );
+    // Same size (25 slots each), different method.
+    let auto_bytes = pollster::block_on(a.adaptive.save_state()).unwrap();
+    assert_eq!(auto_bytes.len() as u64, z.adaptive.state_size());
+    let err = z.adaptive.restore_state(&auto_bytes).unwrap_err();
+    assert!(
+        matches!(err, gradclip::Error::InvalidAdaptiveState(_)),
+        "{err}"
+    );
+    let mut zbytes = pollster::block_on(z.adaptive.save_state()).unwrap();
+    assert!(z.adaptive.restore_state(&zbytes[1..]).is_err());
+    // A NaN mean with the EMA started.
+    zbytes[20..24].copy_from_slice(&1u32.to_le_bytes());
+    zbytes[24..28].copy_from_slice(&f32::NAN.to_le_bytes());
+    assert!(matches!(
+        z.adaptive.restore_state(&zbytes),
+        Err(gradclip::Error::InvalidAdaptiveState(_))
+    ));
+}
+
+#[test]
+fn invalid_parameters_and_unsupported_clips_are_errors() {
+    let _turn = serial();
+    let g = gpu();
+    let buffer = upload(&g.device, &[1.0; 8]);
+    let set = g
+        .clipper
+        .bind(&buffer, &GradLayout::from_sizes(&[8]).unwrap())
+        .unwrap();
+    for method in [
+        AdaptiveMethod::from(gradclip::ZClip::new().alpha(1.0)),
+        gradclip::ZClip::new().warmup_steps(0).into(),
+        gradclip::ZClip::new().z_thresh(f32::NAN).into(),
+        gradclip::ZClip::new().max_norm(Some(-1.0)).into(),
+        gradclip::AutoClip::new(100.5).into(),
+        gradclip::AutoClip::new(10.0).window(0).into(),
+        gradclip::AutoClip::new(10.0).window(u32::MAX).into(),
+    ] {
+        assert!(
+            matches!(
+                AdaptiveClip::new(&set, method),
+                Err(gradclip::Error::InvalidAdaptive(_))
+            ),
+            "{method:?}"
+        );
+    }
+    let adaptive = AdaptiveClip::new(&set, gradclip::ZClip::new()).unwrap();
+    let other = g
+        .clipper
+        .bind(&buffer, &GradLayout::from_sizes(&[8]).unwrap())
+        .unwrap();
+    let mut encoder = g.device.create_command_encoder(&Default::default());
+    for (s, clip) in [
+        (&set, ClipNorm::new(1.0).per_tensor(true)),
+        (&set, ClipNorm::new(1.0).tensor_norms(true)),
+        (&set, ClipNorm::new(1.0).unscale(true)),
+        (&other, ClipNorm::new(1.0)),
+    ] {
+        assert!(matches!(
+            adaptive.clip(s, &mut encoder, &clip),
+            Err(gradclip::Error::Unsupported(_))
+        ));
+    }
+    // Nothing was recorded on either set.
+    assert_eq!((set.steps_recorded(), other.steps_recorded()), (0, 0));
+    drop(encoder);
+    assert_no_wgpu_errors();
+}
+
+#[test]
+fn the_adaptive_module_validates_and_translates_for_every_backend() {
+    let _turn = serial();
+    use naga::back::{glsl, hlsl, msl, spv};
+    let source = gradclip::shaders::ADAPTIVE.source();
+    let module = naga::front::wgsl::parse_str(&source).expect("parse");
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::default(),
+    )
+    .validate(&module)
+    .expect("validate");
+    // The host's offsets into the records, read back from the WGSL.
+    let mut layouter = naga::proc::Layouter::default();
+    layouter.update(module.to_ctx()).unwrap();
+    let record = |name: &str| {
+        let (handle, ty) = module
+            .types
+            .iter()
+            .find(|(_, t)| t.name.as_deref() == Some(name))
+            .unwrap_or_else(|| panic!("no struct {name}"));
+        let naga::TypeInner::Struct { members, .. } = &ty.inner else {
+            panic!("{name} is not a struct");
+        };
+        let offsets: Vec<(String, u32)> = members
+            .iter()
+            .map(|m| (m.name.clone().unwrap(), m.offset))
+            .collect();
+        (layouter[handle].size, offsets)
+    };
+    assert_eq!(record("AdaptiveParams").0, 48);
+    let (_, state) = record("AdaptiveState");
+    let at = |name: &str| state.iter().find(|(n, _)| n == name).unwrap().1;
+    assert_eq!((at("max_norm"), at("history")), (48, 64));
+
+    let entry = "adaptive_step";
+    let words = spv::write_vec(
+        &module,
+        &info,
+        &spv::Options::default(),
+        Some(&spv::PipelineOptions {
+            shader_stage: naga::ShaderStage::Compute,
+            entry_point: entry.to_string(),
+        }),
+    )
+    .expect("SPIR-V");
+    assert_eq!(words[0], 0x0723_0203);
+    let (metal, _) = msl::write_string(
+        &module,
+        &info,
+        &msl::Options::default(),
+        &msl::PipelineOptions {
+            entry_point: Some((naga::ShaderStage::Compute, entry.to_string())),
+            ..Default::default()
+        },
+    )
+    .expect("MSL");
+    assert!(metal.contains("kernel"));
+    let mut hlsl_out = String::new();
+    hlsl::Writer::new(
+        &mut hlsl_out,
+        &hlsl::Options::default(),
+        &hlsl::PipelineOptions {
+            entry_point: Some((naga::ShaderStage::Compute, entry.to_string())),
+        },
+    )
+    .write(&module, &info, None)
+    .expect("HLSL");
+    assert!(hlsl_out.contains("[numthreads(64, 1, 1)]"));
+    let mut glsl_out = String::new();
+    glsl::Writer::new(
+        &mut glsl_out,
+        &module,
+        &info,
+        &glsl::Options {
+            version: glsl::Version::Embedded {
+                version: 310,
+                is_webgl: false,
+            },
+            ..Default::default()
+        },
+        &glsl::PipelineOptions {
+            shader_stage: naga::ShaderStage::Compute,
+            entry_point: entry.to_string(),
+            multiview: None,
+        },
+        naga::proc::BoundsCheckPolicies::default(),
+    )
+    .and_then(|mut w| w.write())
+    .expect("GLSL");
+    assert!(glsl_out.contains("local_size_x = 64"));
+}
