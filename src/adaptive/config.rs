@@ -249,8 +249,8 @@ pub(crate) struct AdaptiveParams {
 
 impl AdaptiveMethod {
     /// The checked parameters as the shader reads them.
-    pub(crate) fn to_params(&self, max_binding: u64) -> Result<AdaptiveParams> {
-        Ok(match *self {
+    pub(crate) fn to_params(self, max_binding: u64) -> Result<AdaptiveParams> {
+        Ok(match self {
             AdaptiveMethod::ZClip(z) => {
                 z.check()?;
                 let mut flags = 0;
