@@ -38,7 +38,12 @@ struct AdaptiveParams {
     clip_factor: f32,
     cap: f32,        // ZClip's max_norm when P_HAS_CAP
     percentile: f32, // AutoClip, in [0, 100]
-    _pad: vec2<u32>,
+    // AdaGC's (adaptive_adagc.wgsl reads them; the same record there):
+    tensors: u32,
+    ratio: f32,
+    scale_workgroups: u32,
+    _pad: u32,
+    _pad2: vec2<u32>,
 }
 
 // Everything the method carries from step to step, and the latest decision.

@@ -55,7 +55,8 @@ mod upload;
 pub mod wgsl; // reports
 
 pub use adaptive::{
-    AdaptiveClip, AdaptiveDecision, AdaptiveMethod, AutoClip, ZClip, ZClipMode, ZClipTo,
+    AdaGc, AdaptiveClip, AdaptiveDecision, AdaptiveMethod, AutoClip, TensorDecision, ZClip,
+    ZClipMode, ZClipTo,
 };
 pub use clipper::Clipper;
 pub use config::{ClipNorm, Norm, Semantics};

@@ -147,6 +147,22 @@ pub const ADAPTIVE: PassModule = PassModule {
     shader_f16: false,
 };
 
+/// AdaGC's per-tensor thresholds ([`crate::AdaGc`]): its own module and
+/// bind group (the set's whole stats, read and written; the adaptive state;
+/// the parameters), not in [`MODULES`].
+pub const ADAPTIVE_ADAGC: PassModule = PassModule {
+    name: "gradclip adaptive adagc",
+    files: &[
+        CLIP_STATE,
+        (
+            "adaptive_adagc.wgsl",
+            include_str!("../shaders/adaptive_adagc.wgsl"),
+        ),
+    ],
+    entry_points: &["adagc_step"],
+    shader_f16: false,
+};
+
 /// Every pass module; the first three are the f32 ones.
 pub const MODULES: [PassModule; 9] = [
     REDUCE,

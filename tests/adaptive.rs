@@ -69,10 +69,14 @@ struct Run {
 
 impl Run {
     fn new(method: AdaptiveMethod, semantics: Semantics) -> Self {
+        Self::with_sizes(method, semantics, &SIZES)
+    }
+
+    fn with_sizes(method: AdaptiveMethod, semantics: Semantics, sizes: &[usize]) -> Self {
         let g = gpu();
-        let len: usize = SIZES.iter().sum();
+        let len: usize = sizes.iter().sum();
         let buffer = upload(&g.device, &vec![0.0; len]);
-        let layout = GradLayout::from_sizes(&SIZES).unwrap();
+        let layout = GradLayout::from_sizes(sizes).unwrap();
         let set = g.clipper.bind(&buffer, &layout).unwrap();
         let adaptive = AdaptiveClip::new(&set, method).unwrap();
         let clip = match semantics {
@@ -298,6 +302,134 @@ fn autoclip_interpolates_between_order_statistics() {
     run_against(method, Semantics::Torch, autoclip_reference(cfg));
 }
 
+/// Tensor sizes of the AdaGC set (one per column of `synthetic_tensor_norms`).
+const ADAGC_SIZES: [usize; 4] = [400, 130, 64, 300];
+
+/// AdaGC over the 500-step per-tensor sequence against its reference:
+/// every tensor's threshold, factor and γ, and every clipped gradient.
+fn adagc_against(method: gradclip::AdaGc, cfg: reference::AdaGcConfig) -> Vec<Vec<u32>> {
+    let run = Run::with_sizes(method.into(), method.semantics, &ADAGC_SIZES);
+    let mut want_ref = reference::AdaGc::new(cfg, ADAGC_SIZES.len());
+    let sequence = reference::synthetic_tensor_norms(reference::SYNTH_SEED);
+    let mut rng = Rng::new(0x00ad_a6c0);
+    let g = gpu();
+    let mut bits = Vec::new();
+    let (mut clipped, mut on_edge) = (0, 0);
+    for (t, targets) in sequence.iter().enumerate() {
+        let mut data = Vec::new();
+        let mut norms = Vec::new();
+        for (&size, &target) in ADAGC_SIZES.iter().zip(targets) {
+            let part = reference::gradients_with_norm(&mut rng, size, target);
+            norms.push(norm64(&part));
+            data.extend(part);
+        }
+        let want = want_ref.step(&norms);
+        g.queue
+            .write_buffer(&run.buffer, 0, bytemuck::cast_slice(&data));
+        let mut encoder = g.device.create_command_encoder(&Default::default());
+        run.adaptive
+            .clip(&run.set, &mut encoder, &run.clip)
+            .unwrap();
+        g.queue.submit([encoder.finish()]);
+        let decision = pollster::block_on(run.adaptive.read_decision()).unwrap();
+        let tensors = pollster::block_on(run.adaptive.read_tensor_decisions()).unwrap();
+        let after = download(&g.device, &g.queue, &run.buffer, data.len());
+        assert_no_wgpu_errors();
+        let ctx = format!("step {t}: gpu {decision:?} {tensors:?}\nreference {want:?}");
+        assert_eq!(decision.skipped, want.skipped, "skipped, {ctx}");
+        assert_eq!(decision.warmup, want.warmup, "warm-up, {ctx}");
+        assert!(
+            same(decision.norm as f64, want.total_norm, 1e-6),
+            "total, {ctx}"
+        );
+        let mut start = 0;
+        for (i, (got, w)) in tensors.iter().zip(&want.tensors).enumerate() {
+            assert!(
+                same(got.norm as f64, w.norm, 1e-6),
+                "tensor {i} norm, {ctx}"
+            );
+            assert!(
+                same(got.threshold as f64, w.threshold, TOL),
+                "tensor {i} threshold, {ctx}"
+            );
+            assert!(
+                same(got.coefficient as f64, w.coefficient, TOL),
+                "tensor {i} coefficient {} vs {}, {ctx}",
+                got.coefficient,
+                w.coefficient
+            );
+            let gamma = want_ref.gamma[i];
+            assert_eq!(got.gamma.is_some(), gamma.is_some(), "tensor {i} γ, {ctx}");
+            if let (Some(a), Some(b)) = (got.gamma, gamma) {
+                assert!(same(a as f64, b, TOL), "tensor {i} γ {a} vs {b}, {ctx}");
+            }
+            if w.margin <= EDGE {
+                on_edge += 1;
+            }
+            clipped += (w.clipped && !want.warmup) as usize;
+            let end = start + ADAGC_SIZES[i];
+            for (j, (&before, &a)) in data[start..end].iter().zip(&after[start..end]).enumerate() {
+                let expect = before as f64 * w.coefficient;
+                let ok = if expect.is_nan() {
+                    a.is_nan()
+                } else {
+                    (a as f64 - expect).abs() <= TOL * expect.abs() + 1e-30
+                };
+                assert!(ok, "tensor {i} element {j} = {a}, want {expect}, {ctx}");
+            }
+            start = end;
+            bits.push(got.coefficient.to_bits());
+        }
+        bits.push(decision.norm.to_bits());
+    }
+    assert!(
+        clipped >= 3,
+        "only {clipped} per-tensor clips after warm-up"
+    );
+    assert!(
+        on_edge <= 5,
+        "{on_edge} decisions within {EDGE:e} of a boundary"
+    );
+    vec![bits]
+}
+
+#[test]
+fn adagc_defaults_follow_the_authors_code_and_repeat_bit_for_bit() {
+    let _turn = serial();
+    let first = adagc_against(gradclip::AdaGc::new(), reference::AdaGcConfig::default());
+    let second = adagc_against(gradclip::AdaGc::new(), reference::AdaGcConfig::default());
+    assert_eq!(first, second, "two runs differ");
+}
+
+#[test]
+fn adagc_short_warmup_under_tensorflow() {
+    let _turn = serial();
+    let method = gradclip::AdaGc::new()
+        .warmup_steps(20)
+        .lambda_abs(2.5)
+        .beta(0.9)
+        .semantics(Semantics::TensorFlow);
+    let cfg = reference::AdaGcConfig {
+        warmup_steps: 20,
+        lambda_abs: 2.5,
+        beta: 0.9,
+        semantics: Semantics::TensorFlow,
+        ..Default::default()
+    };
+    adagc_against(method, cfg);
+}
+
+#[test]
+fn adagc_without_warmup_starts_each_gamma_at_its_first_norm() {
+    let _turn = serial();
+    let method = gradclip::AdaGc::new().warmup_steps(0);
+    let cfg = reference::AdaGcConfig {
+        warmup_steps: 0,
+        ..Default::default()
+    };
+    adagc_against(method, cfg);
+}
+
 /// A state saved mid-run and restored into a new adaptive clip on another
 /// set carries on exactly as the original does.
 fn save_and_restore(method: AdaptiveMethod) {
@@ -339,6 +471,54 @@ fn save_and_restore(method: AdaptiveMethod) {
 fn zclip_state_survives_save_and_restore() {
     let _turn = serial();
     save_and_restore(gradclip::ZClip::new().into());
+}
+
+#[test]
+fn adagc_state_survives_save_and_restore() {
+    let _turn = serial();
+    let method: AdaptiveMethod = gradclip::AdaGc::new().warmup_steps(30).into();
+    let sequence = reference::synthetic_tensor_norms(reference::SYNTH_SEED);
+    let mut rng = Rng::new(11);
+    let data: Vec<Vec<f32>> = sequence
+        .iter()
+        .take(200)
+        .map(|targets| {
+            ADAGC_SIZES
+                .iter()
+                .zip(targets)
+                .flat_map(|(&n, &t)| reference::gradients_with_norm(&mut rng, n, t))
+                .collect()
+        })
+        .collect();
+    let original = Run::with_sizes(method, Semantics::Torch, &ADAGC_SIZES);
+    let g = gpu();
+    let step = |run: &Run, d: &[f32]| {
+        g.queue
+            .write_buffer(&run.buffer, 0, bytemuck::cast_slice(d));
+        let mut encoder = g.device.create_command_encoder(&Default::default());
+        run.adaptive
+            .clip(&run.set, &mut encoder, &run.clip)
+            .unwrap();
+        g.queue.submit([encoder.finish()]);
+        let t = pollster::block_on(run.adaptive.read_tensor_decisions()).unwrap();
+        (t, download(&g.device, &g.queue, &run.buffer, d.len()))
+    };
+    for d in &data[..100] {
+        step(&original, d);
+    }
+    let saved = pollster::block_on(original.adaptive.save_state()).unwrap();
+    let resumed = Run::with_sizes(method, Semantics::Torch, &ADAGC_SIZES);
+    resumed.adaptive.restore_state(&saved).unwrap();
+    for (t, d) in data[100..].iter().enumerate() {
+        let (a, after_a) = step(&original, d);
+        let (b, after_b) = step(&resumed, d);
+        assert_eq!(format!("{a:?}"), format!("{b:?}"), "step {}", t + 100);
+        assert_eq!(
+            bytemuck::cast_slice::<f32, u32>(&after_a),
+            bytemuck::cast_slice::<f32, u32>(&after_b)
+        );
+    }
+    assert_no_wgpu_errors();
 }
 
 #[test]
@@ -391,6 +571,9 @@ fn invalid_parameters_and_unsupported_clips_are_errors() {
         gradclip::AutoClip::new(100.5).into(),
         gradclip::AutoClip::new(10.0).window(0).into(),
         gradclip::AutoClip::new(10.0).window(u32::MAX).into(),
+        gradclip::AdaGc::new().beta(1.0).into(),
+        gradclip::AdaGc::new().lambda_rel(0.0).into(),
+        gradclip::AdaGc::new().lambda_abs(f32::INFINITY).into(),
     ] {
         assert!(
             matches!(
@@ -417,6 +600,11 @@ fn invalid_parameters_and_unsupported_clips_are_errors() {
             Err(gradclip::Error::Unsupported(_))
         ));
     }
+    let adagc = AdaptiveClip::new(&set, gradclip::AdaGc::new()).unwrap();
+    assert!(matches!(
+        adagc.clip(&set, &mut encoder, &ClipNorm::tensorflow(1.0)),
+        Err(gradclip::Error::Unsupported(_))
+    ));
     // Nothing was recorded on either set.
     assert_eq!((set.steps_recorded(), other.steps_recorded()), (0, 0));
     drop(encoder);
@@ -424,10 +612,29 @@ fn invalid_parameters_and_unsupported_clips_are_errors() {
 }
 
 #[test]
-fn the_adaptive_module_validates_and_translates_for_every_backend() {
+fn the_adaptive_modules_validate_and_translate_for_every_backend() {
     let _turn = serial();
+    let params = check_module(&gradclip::shaders::ADAPTIVE, |_| {});
+    let adagc_params = check_module(&gradclip::shaders::ADAPTIVE_ADAGC, |record| {
+        // AdaGC's view of the set's stats puts the per-tensor array where the host does.
+        let (_, stats) = record("Stats");
+        let tensors = stats.iter().find(|(n, _)| n == "tensors").unwrap().1;
+        assert_eq!(tensors as u64, gradclip::records::STATS_TENSORS_OFFSET);
+    });
+    // Both modules declare the same parameter record.
+    assert_eq!(params, adagc_params);
+}
+
+type Record = (u32, Vec<(String, u32)>);
+
+/// Validates `pass`, checks the adaptive records' layout (and what `more`
+/// checks), translates it for every backend; returns `AdaptiveParams`' layout.
+fn check_module(
+    pass: &gradclip::shaders::PassModule,
+    more: impl FnOnce(&dyn Fn(&str) -> Record),
+) -> Record {
     use naga::back::{glsl, hlsl, msl, spv};
-    let source = gradclip::shaders::ADAPTIVE.source();
+    let source = pass.source();
     let module = naga::front::wgsl::parse_str(&source).expect("parse");
     let info = naga::valid::Validator::new(
         naga::valid::ValidationFlags::all(),
@@ -453,12 +660,14 @@ fn the_adaptive_module_validates_and_translates_for_every_backend() {
             .collect();
         (layouter[handle].size, offsets)
     };
-    assert_eq!(record("AdaptiveParams").0, 48);
+    let params = record("AdaptiveParams");
+    assert_eq!(params.0, 64);
     let (_, state) = record("AdaptiveState");
     let at = |name: &str| state.iter().find(|(n, _)| n == name).unwrap().1;
     assert_eq!((at("max_norm"), at("history")), (48, 64));
+    more(&record);
 
-    let entry = "adaptive_step";
+    let entry = pass.entry_points[0];
     let words = spv::write_vec(
         &module,
         &info,
@@ -514,4 +723,5 @@ fn the_adaptive_module_validates_and_translates_for_every_backend() {
     .and_then(|mut w| w.write())
     .expect("GLSL");
     assert!(glsl_out.contains("local_size_x = 64"));
+    params
 }

@@ -3,6 +3,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
+use crate::config::Semantics;
 use crate::error::{Error, Result};
 
 /// ZClip's `mode`: what counts as a spike and what it is clipped to.
@@ -199,11 +200,100 @@ impl AutoClip {
     }
 }
 
+/// AdaGC (Wang et al. 2025, "AdaGC: Improving Training Stability for Large
+/// Language Model Pretraining"; the authors' Megatron patch): per-tensor
+/// thresholds. For the first `warmup_steps` finite steps every tensor is
+/// clipped by the global norm at `lambda_abs`, and each tensor's `γ` keeps
+/// the smallest of its norms after that clip; then tensor `i` is clipped to
+/// `lambda_rel · γ_i` and `γ_i ← β γ_i + (1 − β) · min(‖g_i‖, lambda_rel · γ_i)`.
+/// The defaults are the authors' (`clip_ratio=1.04, beta=0.99,
+/// start_clip_steps=100`, `--clip-grad 1.0`).
+///
+/// ```
+/// let a = gradclip::AdaGc::new().warmup_steps(10);
+/// assert_eq!((a.lambda_rel, a.beta, a.warmup_steps), (1.04, 0.99, 10));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdaGc {
+    /// The global threshold of the warm-up. Default 1.
+    pub lambda_abs: f32,
+    /// Tensor `i` is clipped to `lambda_rel · γ_i`. Default 1.04.
+    pub lambda_rel: f32,
+    /// EMA factor of `γ`. Default 0.99.
+    pub beta: f32,
+    /// Finite steps of global clipping first; 0: none (each `γ` then starts
+    /// at its tensor's first finite norm). Default 100.
+    pub warmup_steps: u32,
+    /// The factor's formula (PyTorch's or TensorFlow's); the clips recorded
+    /// must use the same. Default PyTorch.
+    pub semantics: Semantics,
+}
+
+impl Default for AdaGc {
+    fn default() -> Self {
+        Self {
+            lambda_abs: 1.0,
+            lambda_rel: 1.04,
+            beta: 0.99,
+            warmup_steps: 100,
+            semantics: Semantics::Torch,
+        }
+    }
+}
+
+impl AdaGc {
+    /// The authors' defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn lambda_abs(mut self, lambda_abs: f32) -> Self {
+        self.lambda_abs = lambda_abs;
+        self
+    }
+    pub fn lambda_rel(mut self, lambda_rel: f32) -> Self {
+        self.lambda_rel = lambda_rel;
+        self
+    }
+    pub fn beta(mut self, beta: f32) -> Self {
+        self.beta = beta;
+        self
+    }
+    pub fn warmup_steps(mut self, steps: u32) -> Self {
+        self.warmup_steps = steps;
+        self
+    }
+    pub fn semantics(mut self, semantics: Semantics) -> Self {
+        self.semantics = semantics;
+        self
+    }
+
+    fn check(&self) -> Result<()> {
+        let bad = |what| Err(Error::InvalidAdaptive(what));
+        if !(self.lambda_abs >= 0.0 && self.lambda_abs.is_finite()) {
+            return bad("AdaGC lambda_abs must be non-negative and finite");
+        }
+        if !(self.lambda_rel > 0.0 && self.lambda_rel.is_finite()) {
+            return bad("AdaGC lambda_rel must be positive and finite");
+        }
+        if !(self.beta >= 0.0 && self.beta < 1.0) {
+            return bad("AdaGC beta must be in [0, 1)");
+        }
+        Ok(())
+    }
+}
+
 /// An adaptive clipping method.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum AdaptiveMethod {
     ZClip(ZClip),
     AutoClip(AutoClip),
+    AdaGc(AdaGc),
+}
+
+impl From<AdaGc> for AdaptiveMethod {
+    fn from(a: AdaGc) -> Self {
+        Self::AdaGc(a)
+    }
 }
 
 impl From<ZClip> for AdaptiveMethod {
@@ -220,12 +310,14 @@ impl From<AutoClip> for AdaptiveMethod {
 
 pub(crate) const METHOD_ZCLIP: u32 = 1;
 pub(crate) const METHOD_AUTOCLIP: u32 = 2;
+pub(crate) const METHOD_ADAGC: u32 = 3;
 
 const P_HAS_CAP: u32 = 1;
 const P_PERCENTILE_MODE: u32 = 2;
 const P_CLIP_TO_MEAN: u32 = 4;
 const P_SKIP_ON_SPIKE: u32 = 8;
 const P_INCLUDE_CURRENT: u32 = 16;
+const P_TENSORFLOW: u32 = 32;
 
 /// Bytes of WGSL `AdaptiveState` before its history.
 pub(crate) const STATE_HEAD_SIZE: u64 = 64;
@@ -244,12 +336,21 @@ pub(crate) struct AdaptiveParams {
     pub clip_factor: f32,
     pub cap: f32,
     pub percentile: f32,
-    pub _pad: [u32; 2],
+    pub tensors: u32,
+    pub ratio: f32,
+    pub scale_workgroups: u32,
+    pub _pad: [u32; 3],
 }
 
 impl AdaptiveMethod {
-    /// The checked parameters as the shader reads them.
-    pub(crate) fn to_params(self, max_binding: u64) -> Result<AdaptiveParams> {
+    /// The checked parameters as the shader reads them, for a set of
+    /// `tensors` tensors whose per-tensor scale pass takes `scale_workgroups`.
+    pub(crate) fn to_params(
+        self,
+        max_binding: u64,
+        tensors: u32,
+        scale_workgroups: u32,
+    ) -> Result<AdaptiveParams> {
         Ok(match self {
             AdaptiveMethod::ZClip(z) => {
                 z.check()?;
@@ -294,6 +395,33 @@ impl AdaptiveMethod {
                         0
                     },
                     percentile: a.percentile,
+                    ..Default::default()
+                }
+            }
+            AdaptiveMethod::AdaGc(a) => {
+                a.check()?;
+                let capacity = tensors
+                    .checked_mul(4)
+                    .filter(|&c| STATE_HEAD_SIZE + 4 * c as u64 <= max_binding);
+                let Some(capacity) = capacity else {
+                    return Err(Error::InvalidAdaptive(
+                        "AdaGC's per-tensor state exceeds the device's storage binding limit",
+                    ));
+                };
+                AdaptiveParams {
+                    method: METHOD_ADAGC,
+                    warmup: a.warmup_steps,
+                    capacity,
+                    flags: if a.semantics == Semantics::TensorFlow {
+                        P_TENSORFLOW
+                    } else {
+                        0
+                    },
+                    alpha: a.beta,
+                    cap: a.lambda_abs,
+                    tensors,
+                    ratio: a.lambda_rel,
+                    scale_workgroups,
                     ..Default::default()
                 }
             }

@@ -1,5 +1,5 @@
 //! Adaptive clipping thresholds computed on the GPU, with no host sync:
-//! ZClip and AutoClip (see `docs/adaptive.md`).
+//! ZClip, AutoClip and AdaGC (see `docs/adaptive.md`).
 //!
 //! An [`AdaptiveClip`] keeps its method's state (an EMA, a warm-up buffer, a
 //! window of past norms) in a GPU buffer of its own. Each step,
@@ -19,13 +19,13 @@ use crate::config::ClipNorm;
 use crate::error::{Error, Result};
 use crate::gpu_errors::Catch;
 use crate::grad_set::GradSet;
-use crate::records::ClipState;
+use crate::records::{ClipState, TensorStat, STATS_TENSORS_OFFSET};
 use crate::shaders;
 
 mod config;
 
-pub use config::{AdaptiveMethod, AutoClip, ZClip, ZClipMode, ZClipTo};
-use config::{AdaptiveParams, METHOD_AUTOCLIP, METHOD_ZCLIP, STATE_HEAD_SIZE};
+pub use config::{AdaGc, AdaptiveMethod, AutoClip, ZClip, ZClipMode, ZClipTo};
+use config::{AdaptiveParams, METHOD_ADAGC, STATE_HEAD_SIZE};
 
 /// WGSL `AdaptiveState` up to its history.
 #[repr(C)]
@@ -83,6 +83,21 @@ pub struct AdaptiveDecision {
     pub recorded: u32,
 }
 
+/// One tensor in AdaGC's latest step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TensorDecision {
+    /// The tensor's norm.
+    pub norm: f32,
+    /// During warm-up the global threshold (compared with the total norm),
+    /// then `lambda_rel · γ` (`+inf` for a tensor without `γ` and a
+    /// non-finite norm).
+    pub threshold: f32,
+    /// What the tensor's gradients were multiplied by.
+    pub coefficient: f32,
+    /// `γ` after the step (`None` before the tensor's first finite step).
+    pub gamma: Option<f32>,
+}
+
 /// An adaptive clipping method bound to one [`GradSet`]: its state buffer,
 /// parameters, pipeline and bind group, all made once in [`new`](Self::new).
 ///
@@ -108,7 +123,11 @@ pub struct AdaptiveDecision {
 #[derive(Debug)]
 pub struct AdaptiveClip {
     method: AdaptiveMethod,
+    params: AdaptiveParams,
     capacity: u32,
+    /// The set's rebind count when this was made: AdaGC's dispatch size
+    /// depends on where the gradients are.
+    rebinds: u64,
     device: wgpu::Device,
     queue: wgpu::Queue,
     /// The set's stats buffer, which the bind group reads.
@@ -130,7 +149,12 @@ impl AdaptiveClip {
         let method = method.into();
         let inner = set.inner();
         let device = &inner.device;
-        let params = method.to_params(device.limits().max_storage_buffer_binding_size)?;
+        let params = method.to_params(
+            device.limits().max_storage_buffer_binding_size,
+            set.layout().len() as u32,
+            set.tensor_workgroups(),
+        )?;
+        let adagc = matches!(method, AdaptiveMethod::AdaGc(_));
         crate::gpu_errors::check_alive(device)?;
         // WGSL rounds a struct with a runtime array up to its 8-byte alignment.
         let state_size = STATE_HEAD_SIZE + (4 * params.capacity as u64).next_multiple_of(8);
@@ -165,10 +189,26 @@ impl AdaptiveClip {
             },
             count: None,
         };
+        // AdaGC writes the set's per-tensor factors and scale dispatch; the
+        // others only read the norm in ClipState.
+        let (stats_entry, stats_binding, module) = if adagc {
+            let min = STATS_TENSORS_OFFSET + size_of::<TensorStat>() as u64;
+            (
+                storage(0, false, min),
+                set.stats_buffer().as_entire_buffer_binding(),
+                &shaders::ADAPTIVE_ADAGC,
+            )
+        } else {
+            (
+                storage(0, true, size_of::<ClipState>() as u64),
+                set.coefficient_binding(),
+                &shaders::ADAPTIVE,
+            )
+        };
         let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
             label: Some("gradclip adaptive bind group layout"),
             entries: &[
-                storage(0, true, size_of::<ClipState>() as u64),
+                stats_entry,
                 storage(1, false, STATE_HEAD_SIZE + 8),
                 wgpu::BindGroupLayoutEntry {
                     binding: 2,
@@ -187,15 +227,15 @@ impl AdaptiveClip {
             bind_group_layouts: &[Some(&layout)],
             immediate_size: 0,
         });
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(shaders::ADAPTIVE.name),
-            source: wgpu::ShaderSource::Wgsl(shaders::ADAPTIVE.source().into()),
+        let shader = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(module.name),
+            source: wgpu::ShaderSource::Wgsl(module.source().into()),
         });
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some("gradclip adaptive step"),
             layout: Some(&pipeline_layout),
-            module: &module,
-            entry_point: Some("adaptive_step"),
+            module: &shader,
+            entry_point: Some(module.entry_points[0]),
             compilation_options: Default::default(),
             cache: None,
         });
@@ -205,7 +245,7 @@ impl AdaptiveClip {
             entries: &[
                 wgpu::BindGroupEntry {
                     binding: 0,
-                    resource: wgpu::BindingResource::Buffer(set.coefficient_binding()),
+                    resource: wgpu::BindingResource::Buffer(stats_binding),
                 },
                 wgpu::BindGroupEntry {
                     binding: 1,
@@ -220,7 +260,9 @@ impl AdaptiveClip {
         catch.end()?;
         Ok(Self {
             method,
+            params,
             capacity: params.capacity,
+            rebinds: set.rebind_count(),
             device: device.clone(),
             queue: inner.queue.clone(),
             stats: set.stats_buffer().clone(),
@@ -250,9 +292,18 @@ impl AdaptiveClip {
     /// coefficient applied. The threshold and the decision are read with
     /// [`read_decision`](Self::read_decision).
     ///
-    /// Rejected ([`Error::Unsupported`]): per-tensor clipping or norms (the
-    /// methods clip the total norm) and unscaling clips (the loss scale
-    /// would be updated twice per step).
+    /// AdaGC instead records the set's `record_norm` with per-tensor norms,
+    /// its pass, which writes each tensor's factor and the scale dispatch
+    /// into the set's stats, and the set's scale pass: the set's report is
+    /// the `record_norm`'s (norms right, coefficient not the one applied);
+    /// the factors applied are read with
+    /// [`read_tensor_decisions`](Self::read_tensor_decisions).
+    ///
+    /// Rejected ([`Error::Unsupported`]): per-tensor clipping or norms in
+    /// `clip` (ZClip and AutoClip clip the total norm; AdaGC asks for the
+    /// norms itself), unscaling clips (the loss scale would be updated twice
+    /// per step), for AdaGC a `clip` of other semantics than the method's or
+    /// a set rebound since this was made.
     pub fn clip(
         &self,
         set: &GradSet,
@@ -272,17 +323,35 @@ impl AdaptiveClip {
         if clip.unscales() {
             return Err(Error::Unsupported("unscaling with an adaptive threshold"));
         }
-        set.record_norm(encoder, clip)?;
-        {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("gradclip adaptive step"),
-                timestamp_writes: None,
-            });
-            pass.set_pipeline(&self.pipeline);
-            pass.set_bind_group(0, &self.bind_group, &[]);
-            pass.dispatch_workgroups(1, 1, 1);
+        if let AdaptiveMethod::AdaGc(a) = self.method {
+            if clip.semantics() != a.semantics {
+                return Err(Error::Unsupported(
+                    "a clip whose semantics differ from the AdaGC's",
+                ));
+            }
+            if set.rebind_count() != self.rebinds {
+                return Err(Error::Unsupported(
+                    "AdaGC on a set rebound since the AdaptiveClip was made",
+                ));
+            }
+            set.record_norm(encoder, &clip.tensor_norms(true))?;
+            self.encode_pass(encoder);
+            set.scale_from_stats(encoder);
+            return Ok(());
         }
+        set.record_norm(encoder, clip)?;
+        self.encode_pass(encoder);
         set.clip_own_partial_with_max_norm_from(encoder, clip, (&self.state, MAX_NORM_OFFSET))
+    }
+
+    fn encode_pass(&self, encoder: &mut wgpu::CommandEncoder) {
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("gradclip adaptive step"),
+            timestamp_writes: None,
+        });
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &self.bind_group, &[]);
+        pass.dispatch_workgroups(1, 1, 1);
     }
 
     /// The state buffer (`COPY_SRC`): the method's statistics and the
@@ -377,18 +446,20 @@ impl AdaptiveClip {
             .chunks_exact(4)
             .map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]]))
             .collect();
-        let method = match self.method {
-            AdaptiveMethod::ZClip(_) => METHOD_ZCLIP,
-            AdaptiveMethod::AutoClip(_) => METHOD_AUTOCLIP,
-        };
-        if h.method != method || h.capacity != self.capacity {
+        if h.method != self.params.method || h.capacity != self.capacity {
             return bad("saved by another method or with another size");
         }
         if h.head >= self.capacity.max(1) || h.count > self.capacity {
             return bad("history position out of range");
         }
         let valid = |x: f32| x.is_finite() && x >= 0.0;
-        if history[..h.count as usize].iter().any(|&x| !valid(x)) {
+        if let AdaptiveMethod::AdaGc(_) = self.method {
+            // γ, or -1 before the tensor's first finite step.
+            let mut gammas = history.chunks_exact(4).map(|t| t[0]);
+            if gammas.any(|g| !(valid(g) || g == -1.0)) {
+                return bad("an AdaGC γ that is non-finite or negative");
+            }
+        } else if history[..h.count as usize].iter().any(|&x| !valid(x)) {
             return bad("a stored norm that is negative or non-finite");
         }
         if let AdaptiveMethod::ZClip(_) = self.method {
@@ -411,9 +482,35 @@ impl AdaptiveClip {
     /// Back to the empty state (warm-up not started, no history), from the
     /// next submission on.
     pub fn reset(&self) {
-        let params = self.method.to_params(u64::MAX).expect("checked when made");
-        self.queue
-            .write_buffer(&self.state, 0, &empty_state(&params, self.state.size()));
+        self.queue.write_buffer(
+            &self.state,
+            0,
+            &empty_state(&self.params, self.state.size()),
+        );
+    }
+
+    /// AdaGC: each tensor's norm, threshold, factor and `γ` in the latest
+    /// step (waits like [`read_decision`](Self::read_decision)). Empty for
+    /// the other methods.
+    pub async fn read_tensor_decisions(&self) -> Result<Vec<TensorDecision>> {
+        if !matches!(self.method, AdaptiveMethod::AdaGc(_)) {
+            return Ok(Vec::new());
+        }
+        let bytes = self.save_state().await?;
+        let words: Vec<f32> = bytes[STATE_HEAD_SIZE as usize..]
+            .chunks_exact(4)
+            .map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+            .collect();
+        Ok(words
+            .chunks_exact(4)
+            .take(self.params.tensors as usize)
+            .map(|t| TensorDecision {
+                gamma: (t[0] >= 0.0).then_some(t[0]),
+                norm: t[1],
+                threshold: t[2],
+                coefficient: t[3],
+            })
+            .collect())
     }
 }
 
@@ -429,5 +526,12 @@ fn empty_state(params: &AdaptiveParams, size: u64) -> Vec<u8> {
     };
     let mut bytes = vec![0u8; size as usize];
     bytes[..STATE_HEAD_SIZE as usize].copy_from_slice(bytemuck::bytes_of(&head));
+    if params.method == METHOD_ADAGC {
+        // No γ yet.
+        let first = STATE_HEAD_SIZE as usize;
+        for t in 0..params.tensors as usize {
+            bytes[first + 16 * t..first + 16 * t + 4].copy_from_slice(&(-1.0f32).to_le_bytes());
+        }
+    }
     bytes
 }

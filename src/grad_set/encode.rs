@@ -335,6 +335,19 @@ impl GradSet {
         Ok(())
     }
 
+    /// The scale pass alone, with the factors and the dispatch already in
+    /// the stats (written there by AdaGC's pass, [`crate::adaptive`]) and
+    /// the config of the `record_norm` recorded just before.
+    pub(crate) fn scale_from_stats(&self, encoder: &mut wgpu::CommandEncoder) {
+        self.encode_scale(encoder, None);
+    }
+
+    /// Grid-stride workgroups of the per-tensor chunk walk (what finalize
+    /// puts in the scale dispatch of a per-tensor clip).
+    pub(crate) fn tensor_workgroups(&self) -> u32 {
+        self.bound.workgroups
+    }
+
     /// Records value clipping: every element clamped to `[min, max]` in
     /// place (PyTorch's `clip_grad_value_(v)` is `min = -v, max = v`). NaN
     /// stays NaN; ±inf become the bounds. Makes no report.
