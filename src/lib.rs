@@ -55,8 +55,8 @@ mod upload;
 pub mod wgsl; // reports
 
 pub use adaptive::{
-    AdaGc, AdaptiveClip, AdaptiveDecision, AdaptiveMethod, AutoClip, TensorDecision, ZClip,
-    ZClipMode, ZClipTo,
+    AdaGc, AdaptiveClip, AdaptiveDecision, AdaptiveMethod, Agc, AgcClip, AgcUnits, AutoClip,
+    TensorDecision, UnitReport, ZClip, ZClipMode, ZClipTo,
 };
 pub use clipper::Clipper;
 pub use config::{ClipNorm, Norm, Semantics};

@@ -163,6 +163,19 @@ pub const ADAPTIVE_ADAGC: PassModule = PassModule {
     shader_f16: false,
 };
 
+/// AGC's unit-wise clip ([`crate::AgcClip`]): gradients, parameters, the
+/// unit table, the per-unit results and the parameters; standalone (no
+/// `ClipState`), not in [`MODULES`].
+pub const ADAPTIVE_AGC: PassModule = PassModule {
+    name: "gradclip adaptive agc",
+    files: &[(
+        "adaptive_agc.wgsl",
+        include_str!("../shaders/adaptive_agc.wgsl"),
+    )],
+    entry_points: &["agc"],
+    shader_f16: false,
+};
+
 /// Every pass module; the first three are the f32 ones.
 pub const MODULES: [PassModule; 9] = [
     REDUCE,

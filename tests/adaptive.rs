@@ -623,6 +623,7 @@ fn the_adaptive_modules_validate_and_translate_for_every_backend() {
     });
     // Both modules declare the same parameter record.
     assert_eq!(params, adagc_params);
+    translate(&gradclip::shaders::ADAPTIVE_AGC);
 }
 
 type Record = (u32, Vec<(String, u32)>);
@@ -633,15 +634,7 @@ fn check_module(
     pass: &gradclip::shaders::PassModule,
     more: impl FnOnce(&dyn Fn(&str) -> Record),
 ) -> Record {
-    use naga::back::{glsl, hlsl, msl, spv};
-    let source = pass.source();
-    let module = naga::front::wgsl::parse_str(&source).expect("parse");
-    let info = naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::default(),
-    )
-    .validate(&module)
-    .expect("validate");
+    let module = naga::front::wgsl::parse_str(&pass.source()).expect("parse");
     // The host's offsets into the records, read back from the WGSL.
     let mut layouter = naga::proc::Layouter::default();
     layouter.update(module.to_ctx()).unwrap();
@@ -667,6 +660,20 @@ fn check_module(
     assert_eq!((at("max_norm"), at("history")), (48, 64));
     more(&record);
 
+    translate(pass);
+    params
+}
+
+/// Validates `pass` and translates its entry point for every backend.
+fn translate(pass: &gradclip::shaders::PassModule) {
+    use naga::back::{glsl, hlsl, msl, spv};
+    let module = naga::front::wgsl::parse_str(&pass.source()).expect("parse");
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::default(),
+    )
+    .validate(&module)
+    .expect("validate");
     let entry = pass.entry_points[0];
     let words = spv::write_vec(
         &module,
@@ -723,5 +730,120 @@ fn check_module(
     .and_then(|mut w| w.write())
     .expect("GLSL");
     assert!(glsl_out.contains("local_size_x = 64"));
-    params
+}
+
+/// Runs AGC on the GPU over `cases` packed in one buffer, compares every
+/// unit and every gradient with Optax's formula in float64 (general axes).
+/// One AGC tensor: shape, unit convention, gradients, parameters.
+type AgcTensor = (Vec<usize>, reference::Units, Vec<f32>, Vec<f32>);
+
+fn agc_against_optax(cases: &[AgcTensor]) -> usize {
+    let g = gpu();
+    let grads: Vec<f32> = cases.iter().flat_map(|c| c.2.clone()).collect();
+    let params: Vec<f32> = cases.iter().flat_map(|c| c.3.clone()).collect();
+    let sizes: Vec<usize> = cases.iter().map(|c| c.2.len()).collect();
+    let layout = GradLayout::from_sizes(&sizes).unwrap();
+    let grad_buffer = upload(&g.device, &grads);
+    let param_buffer = upload(&g.device, &params);
+    let shapes: Vec<(&[usize], gradclip::AgcUnits)> = cases
+        .iter()
+        .map(|c| {
+            let units = match c.1 {
+                reference::Units::Optax => gradclip::AgcUnits::Optax,
+                reference::Units::Torch => gradclip::AgcUnits::Torch,
+                reference::Units::Axes(_) => unreachable!("no GPU form"),
+            };
+            (c.0.as_slice(), units)
+        })
+        .collect();
+    let agc = gradclip::AgcClip::new(
+        &g.device,
+        &g.queue,
+        &grad_buffer,
+        &param_buffer,
+        &layout,
+        &shapes,
+        gradclip::Agc::new(reference::AGC_CLIPPING as f32).eps(reference::AGC_EPS as f32),
+    )
+    .unwrap();
+    let mut encoder = g.device.create_command_encoder(&Default::default());
+    agc.clip(&mut encoder).unwrap();
+    g.queue.submit([encoder.finish()]);
+    let units = pollster::block_on(agc.read_units()).unwrap();
+    let after = download(&g.device, &g.queue, &grad_buffer, grads.len());
+    assert_no_wgpu_errors();
+    let (mut u0, mut e0, mut clipped) = (0, 0, 0);
+    for (shape, convention, grad, param) in cases {
+        let axes = reference::unit_axes(shape, convention).unwrap();
+        let want = reference::agc_optax(
+            &reference::Tensor::new(shape, grad.clone()),
+            &reference::Tensor::new(shape, param.clone()),
+            reference::AGC_CLIPPING,
+            reference::AGC_EPS,
+            &axes,
+        );
+        for (k, w) in want.units.iter().enumerate() {
+            let got = &units[u0 + k];
+            let ctx = format!("{shape:?} unit {k}: gpu {got:?}, want {w:?}");
+            // Norms of all-zero units are exactly 0 on both sides.
+            assert!(same(got.grad_norm as f64, w.grad_norm, 1e-5), "{ctx}");
+            assert!(same(got.param_norm as f64, w.param_norm, 1e-5), "{ctx}");
+            assert!(same(got.max_norm as f64, w.max_norm, 1e-5), "{ctx}");
+            if reference::margin(w.grad_norm, w.max_norm) > EDGE {
+                assert_eq!(got.clipped(), w.clipped, "{ctx}");
+            }
+            assert!(same(got.factor as f64, w.factor, 1e-5), "{ctx}");
+            clipped += w.clipped as usize;
+        }
+        for (i, &want_g) in want.grad.iter().enumerate() {
+            let got = after[e0 + i] as f64;
+            let ok = if want_g.is_nan() {
+                got.is_nan()
+            } else {
+                (got - want_g).abs() <= TOL * want_g.abs() + 1e-30
+            };
+            assert!(ok, "{shape:?} element {i} = {got}, want {want_g}");
+        }
+        u0 += want.units.len();
+        e0 += grad.len();
+    }
+    assert_eq!(u0 as u32, agc.unit_count());
+    clipped
+}
+
+#[test]
+fn agc_follows_optax_on_every_layout_with_zero_norm_units() {
+    let _turn = serial();
+    let mut clipped = 0;
+    for seed in 0..8 {
+        let cases: Vec<_> = reference::agc_cases(seed)
+            .into_iter()
+            .map(|c| (c.grad.shape.clone(), c.units, c.grad.data, c.param.data))
+            .collect();
+        clipped += agc_against_optax(&cases);
+    }
+    assert!(clipped > 50, "only {clipped} units clipped");
+}
+
+#[test]
+fn agc_strides_over_more_units_than_one_dispatch_holds_and_keeps_nan_local() {
+    let _turn = serial();
+    // 70 000 PyTorch rows: more units than 65 535 workgroups; one row NaN.
+    let mut rng = Rng::new(3);
+    let rows = 70_000;
+    let mut grad: Vec<f32> = (0..2 * rows)
+        .map(|_| (0.02 * rng.normal()) as f32)
+        .collect();
+    let param: Vec<f32> = (0..2 * rows).map(|_| rng.normal() as f32).collect();
+    grad[2 * 69_999] = f32::NAN;
+    let cases = vec![
+        (vec![rows, 2], reference::Units::Torch, grad, param),
+        (
+            vec![3],
+            reference::Units::Optax,
+            vec![1.0, 2.0, 2.0],
+            vec![0.0; 3],
+        ),
+    ];
+    assert!(agc_against_optax(&cases) > 1000);
 }

@@ -22,8 +22,10 @@ use crate::grad_set::GradSet;
 use crate::records::{ClipState, TensorStat, STATS_TENSORS_OFFSET};
 use crate::shaders;
 
+mod agc;
 mod config;
 
+pub use agc::{Agc, AgcClip, AgcUnits, UnitReport};
 pub use config::{AdaGc, AdaptiveMethod, AutoClip, ZClip, ZClipMode, ZClipTo};
 use config::{AdaptiveParams, METHOD_ADAGC, STATE_HEAD_SIZE};
 
@@ -399,36 +401,7 @@ impl AdaptiveClip {
     }
 
     async fn read_state(&self) -> Result<Vec<u8>> {
-        let mut encoder = self
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("gradclip adaptive state read"),
-            });
-        encoder.copy_buffer_to_buffer(&self.state, 0, &self.staging, 0, self.state.size());
-        let (sender, receiver) = oneshot_channel();
-        encoder.map_buffer_on_submit(&self.staging, wgpu::MapMode::Read, .., move |result| {
-            let _ = sender.send(result);
-        });
-        let _submission = self.queue.submit([encoder.finish()]);
-        #[cfg(not(target_arch = "wasm32"))]
-        self.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: Some(_submission),
-                timeout: None,
-            })
-            .map_err(|e| Error::Readback(e.to_string()))?;
-        match receiver.receive().await {
-            Some(Ok(())) => {}
-            Some(Err(e)) => return Err(Error::Readback(e.to_string())),
-            None => return Err(Error::Readback("the map callback was dropped".into())),
-        }
-        let bytes = self
-            .staging
-            .get_mapped_range(..)
-            .map_err(|e| Error::Readback(e.to_string()))?
-            .to_vec();
-        self.staging.unmap();
-        Ok(bytes)
+        read_back(&self.device, &self.queue, &self.state, &self.staging).await
     }
 
     /// Replaces the state with `bytes` from [`save_state`](Self::save_state)
@@ -534,4 +507,43 @@ fn empty_state(params: &AdaptiveParams, size: u64) -> Vec<u8> {
         }
     }
     bytes
+}
+
+/// Copies `source` into `staging` (a `MAP_READ` buffer of the same size),
+/// submits, and returns the bytes once mapped. Natively it blocks until the
+/// GPU is there; in the browser it awaits the map.
+async fn read_back(
+    device: &wgpu::Device,
+    queue: &wgpu::Queue,
+    source: &wgpu::Buffer,
+    staging: &wgpu::Buffer,
+) -> Result<Vec<u8>> {
+    let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+        label: Some("gradclip adaptive read"),
+    });
+    encoder.copy_buffer_to_buffer(source, 0, staging, 0, source.size());
+    let (sender, receiver) = oneshot_channel();
+    encoder.map_buffer_on_submit(staging, wgpu::MapMode::Read, .., move |result| {
+        let _ = sender.send(result);
+    });
+    let _submission = queue.submit([encoder.finish()]);
+    #[cfg(not(target_arch = "wasm32"))]
+    device
+        .poll(wgpu::PollType::Wait {
+            submission_index: Some(_submission),
+            timeout: None,
+        })
+        .map_err(|e| Error::Readback(e.to_string()))?;
+    // The callback may run on another thread's poll: wait for it, not for the poll.
+    match receiver.receive().await {
+        Some(Ok(())) => {}
+        Some(Err(e)) => return Err(Error::Readback(e.to_string())),
+        None => return Err(Error::Readback("the map callback was dropped".into())),
+    }
+    let bytes = staging
+        .get_mapped_range(..)
+        .map_err(|e| Error::Readback(e.to_string()))?
+        .to_vec();
+    staging.unmap();
+    Ok(bytes)
 }
