@@ -847,3 +847,56 @@ fn agc_strides_over_more_units_than_one_dispatch_holds_and_keeps_nan_local() {
     ];
     assert!(agc_against_optax(&cases) > 1000);
 }
+
+/// 500 steps recorded and submitted back to back with no read in between
+/// (each step's gradients written with `queue.write_buffer`): the threshold
+/// never visits the host, yet the last 32 steps' coefficients in the set's
+/// report log, the EMA left on the GPU and the last step's gradients match
+/// the float64 reference.
+#[test]
+fn zclip_runs_500_steps_without_the_host() {
+    let _turn = serial();
+    let g = gpu();
+    let run = Run::new(gradclip::ZClip::new().into(), Semantics::Torch);
+    let mut z = reference::ZClip::new(reference::ZClipConfig::default());
+    let targets = reference::synthetic_norms(reference::SYNTH_SEED);
+    let mut rng = Rng::new(0x00ad_a971);
+    let len: usize = SIZES.iter().sum();
+    let mut want = Vec::new();
+    let mut last = Vec::new();
+    for &target in &targets {
+        let data = reference::gradients_with_norm(&mut rng, len, target);
+        want.push(z.step(norm64(&data)));
+        g.queue
+            .write_buffer(&run.buffer, 0, bytemuck::cast_slice(&data));
+        let mut encoder = g.device.create_command_encoder(&Default::default());
+        run.adaptive
+            .clip(&run.set, &mut encoder, &run.clip)
+            .unwrap();
+        g.queue.submit([encoder.finish()]);
+        last = data;
+    }
+    let reports = pollster::block_on(run.set.take_reports()).unwrap();
+    assert_eq!(reports.reports.len(), 64);
+    let clips: Vec<_> = reports.reports.iter().filter(|r| r.step % 2 == 0).collect();
+    assert_eq!(clips.len(), 32);
+    for r in clips {
+        let w = &want[(r.step / 2 - 1) as usize];
+        assert!(
+            same(r.coefficient as f64, w.coefficient, TOL),
+            "set step {}: {} vs {w:?}",
+            r.step,
+            r.coefficient
+        );
+    }
+    let state = pollster::block_on(run.adaptive.save_state()).unwrap();
+    let word = |i: usize| f32::from_le_bytes(state[4 * i..4 * i + 4].try_into().unwrap()) as f64;
+    let (mean, var) = z.state.ema.unwrap();
+    assert!(same(word(6), mean, TOL) && same(word(7), var, TOL), "EMA");
+    let after = download(&g.device, &g.queue, &run.buffer, len);
+    let c = want.last().unwrap().coefficient;
+    for (&b, &a) in last.iter().zip(&after) {
+        assert!((a as f64 - b as f64 * c).abs() <= TOL * (b as f64 * c).abs() + 1e-30);
+    }
+    assert_no_wgpu_errors();
+}
