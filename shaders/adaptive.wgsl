@@ -24,7 +24,8 @@ const D_SPIKE: u32 = 2u;
 const D_SKIPPED: u32 = 4u;
 const D_WARMUP: u32 = 8u;
 
-const F32_MAX: f32 = 3.40282347e+38;
+// As a hex literal: Tint rejects the decimal 3.40282347e+38 as not representable.
+const F32_MAX: f32 = 0x1.fffffep+127f;
 
 // Written once by the host when the adaptive clip is made.
 struct AdaptiveParams {
