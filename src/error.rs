@@ -112,6 +112,13 @@ pub enum Error {
     /// Mapping the report's readback buffer failed (device lost, say).
     #[error("reading the clip report back failed: {0}")]
     Readback(String),
+    /// Invalid parameters of an adaptive clipping method.
+    #[error("invalid adaptive clipping parameters: {0}")]
+    InvalidAdaptive(&'static str),
+    /// Bytes given to `AdaptiveClip::restore_state` that no state of this
+    /// adaptive clip can hold.
+    #[error("invalid adaptive clipping state: {0}")]
+    InvalidAdaptiveState(&'static str),
     /// wgpu reported an error while gradclip created its objects.
     #[error("wgpu error: {0}")]
     Wgpu(String),

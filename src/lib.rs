@@ -35,6 +35,7 @@
 
 // Modules from the device up: each uses only those above it (records,
 // errors and the small utilities aside).
+mod adaptive; // adaptive thresholds (ZClip, AutoClip)
 mod clipper; // device-level kernels
 mod config;
 mod device;
@@ -53,6 +54,10 @@ pub mod shaders;
 mod upload;
 pub mod wgsl; // reports
 
+pub use adaptive::{
+    AdaGc, AdaptiveClip, AdaptiveDecision, AdaptiveMethod, Agc, AgcClip, AgcUnits, AutoClip,
+    TensorDecision, UnitReport, ZClip, ZClipMode, ZClipTo,
+};
 pub use clipper::Clipper;
 pub use config::{ClipNorm, Norm, Semantics};
 pub use device::default_device;

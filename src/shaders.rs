@@ -133,6 +133,49 @@ pub const SCALE_BF16_PACKED: PassModule = PassModule {
     shader_f16: false,
 };
 
+/// The adaptive thresholds (ZClip, AutoClip; [`crate::AdaptiveClip`]): a
+/// module of its own with its own bind group (the set's `ClipState`, the
+/// adaptive state, its parameters), not in [`MODULES`], whose passes all
+/// share one layout.
+pub const ADAPTIVE: PassModule = PassModule {
+    name: "gradclip adaptive",
+    files: &[
+        CLIP_STATE,
+        ("adaptive.wgsl", include_str!("../shaders/adaptive.wgsl")),
+    ],
+    entry_points: &["adaptive_step"],
+    shader_f16: false,
+};
+
+/// AdaGC's per-tensor thresholds ([`crate::AdaGc`]): its own module and
+/// bind group (the set's whole stats, read and written; the adaptive state;
+/// the parameters), not in [`MODULES`].
+pub const ADAPTIVE_ADAGC: PassModule = PassModule {
+    name: "gradclip adaptive adagc",
+    files: &[
+        CLIP_STATE,
+        (
+            "adaptive_adagc.wgsl",
+            include_str!("../shaders/adaptive_adagc.wgsl"),
+        ),
+    ],
+    entry_points: &["adagc_step"],
+    shader_f16: false,
+};
+
+/// AGC's unit-wise clip ([`crate::AgcClip`]): gradients, parameters, the
+/// unit table, the per-unit results and the parameters; standalone (no
+/// `ClipState`), not in [`MODULES`].
+pub const ADAPTIVE_AGC: PassModule = PassModule {
+    name: "gradclip adaptive agc",
+    files: &[(
+        "adaptive_agc.wgsl",
+        include_str!("../shaders/adaptive_agc.wgsl"),
+    )],
+    entry_points: &["agc"],
+    shader_f16: false,
+};
+
 /// Every pass module; the first three are the f32 ones.
 pub const MODULES: [PassModule; 9] = [
     REDUCE,

@@ -13,8 +13,11 @@ use crate::partial::NormPartial;
 use crate::plan::{check_recordable, require_usage, too_large};
 use crate::records::{
     ClipConfig, Partial, CFG_NO_SCALE, CFG_PER_TENSOR, CFG_SUPPLIED, CFG_TENSOR_NORMS,
-    CONFIG_SUPPLIED_OFFSET, DISPATCH_OFFSET, DISPATCH_SIZE,
+    CONFIG_SUPPLIED_OFFSET, DISPATCH_OFFSET, DISPATCH_SIZE, STATS_PARTIAL_OFFSET,
 };
+
+/// Byte offset of `max_norm` inside `ClipConfig`.
+const CONFIG_MAX_NORM_OFFSET: u64 = core::mem::offset_of!(ClipConfig, max_norm) as u64;
 
 /// Where `clip_norm_timed` writes its timestamps: a query set and the first index.
 type Timing<'a> = Option<(&'a wgpu::QuerySet, u32)>;
@@ -302,6 +305,47 @@ impl GradSet {
         self.encode_finish(encoder, reduction);
         self.encode_scale(encoder, None);
         Ok(())
+    }
+
+    /// The clip of an adaptive method ([`crate::adaptive`]): like
+    /// [`clip_with_partial_from`](Self::clip_with_partial_from) with this
+    /// set's own partial (left by a `record_norm` earlier in the stream),
+    /// and with the clip's `max_norm` replaced by the 4 bytes at
+    /// `max_norm_from`, written on the GPU by the adaptive pass. Both copies
+    /// are recorded after the config upload, so they override it.
+    pub(crate) fn clip_own_partial_with_max_norm_from(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        clip: &ClipNorm,
+        (source, offset): (&wgpu::Buffer, u64),
+    ) -> Result<()> {
+        let (reduction, config) = supplied_config(clip)?;
+        check_recordable(source, "adaptive state buffer")?;
+        self.begin(encoder, config, true)?;
+        encoder.copy_buffer_to_buffer(
+            &self.stats,
+            STATS_PARTIAL_OFFSET,
+            &self.config,
+            CONFIG_SUPPLIED_OFFSET,
+            size_of::<Partial>() as u64,
+        );
+        encoder.copy_buffer_to_buffer(source, offset, &self.config, CONFIG_MAX_NORM_OFFSET, 4);
+        self.encode_finish(encoder, reduction);
+        self.encode_scale(encoder, None);
+        Ok(())
+    }
+
+    /// The scale pass alone, with the factors and the dispatch already in
+    /// the stats (written there by AdaGC's pass, [`crate::adaptive`]) and
+    /// the config of the `record_norm` recorded just before.
+    pub(crate) fn scale_from_stats(&self, encoder: &mut wgpu::CommandEncoder) {
+        self.encode_scale(encoder, None);
+    }
+
+    /// Grid-stride workgroups of the per-tensor chunk walk (what finalize
+    /// puts in the scale dispatch of a per-tensor clip).
+    pub(crate) fn tensor_workgroups(&self) -> u32 {
+        self.bound.workgroups
     }
 
     /// Records value clipping: every element clamped to `[min, max]` in

@@ -3,6 +3,7 @@
 // Each test binary uses a different part of this module.
 #![allow(dead_code, unused_imports)]
 
+pub mod adaptive_reference;
 pub mod buffers;
 pub mod checks;
 pub mod golden;

@@ -1,0 +1,267 @@
+// Adaptive thresholds (ZClip, AutoClip) computed on the GPU from state kept
+// on the GPU, between a set's record_norm and its clip with the recorded
+// partial. The host prepends clip_state.wgsl (ClipState). The threshold is
+// written to AdaptiveState.max_norm, which the host copies into the set's
+// ClipConfig.max_norm before the clip's finish dispatch: no value ever goes
+// through the host.
+//
+// A step whose norm is NaN or infinite leaves every statistic as it was, so
+// one bad batch cannot poison the EMA or the history.
+
+const METHOD_ZCLIP: u32 = 1u;
+const METHOD_AUTOCLIP: u32 = 2u;
+
+// AdaptiveParams.flags bits
+const P_HAS_CAP: u32 = 1u;          // ZClip: a fixed max_norm caps the threshold
+const P_PERCENTILE_MODE: u32 = 2u;  // ZClip: mode = "percentile" (clip to mean + z·std)
+const P_CLIP_TO_MEAN: u32 = 4u;     // ZClip: clip_option = "mean"
+const P_SKIP_ON_SPIKE: u32 = 8u;    // ZClip: skip_update_on_spike
+const P_INCLUDE_CURRENT: u32 = 16u; // AutoClip: the step's norm joins the history first
+
+// AdaptiveState.decision bits
+const D_CLIPPED: u32 = 1u;
+const D_SPIKE: u32 = 2u;
+const D_SKIPPED: u32 = 4u;
+const D_WARMUP: u32 = 8u;
+
+// As a hex literal: Tint rejects the decimal 3.40282347e+38 as not representable.
+const F32_MAX: f32 = 0x1.fffffep+127f;
+
+// Written once by the host when the adaptive clip is made.
+struct AdaptiveParams {
+    method: u32,
+    warmup: u32,    // ZClip: norms collected before the EMA starts
+    capacity: u32,  // slots of AdaptiveState.history
+    flags: u32,     // P_*
+    alpha: f32,
+    z_thresh: f32,
+    eps: f32,
+    clip_factor: f32,
+    cap: f32,        // ZClip's max_norm when P_HAS_CAP
+    percentile: f32, // AutoClip, in [0, 100]
+    // AdaGC's (adaptive_adagc.wgsl reads them; the same record there):
+    tensors: u32,
+    ratio: f32,
+    scale_workgroups: u32,
+    _pad: u32,
+    _pad2: vec2<u32>,
+}
+
+// Everything the method carries from step to step, and the latest decision.
+// Saved and restored as bytes by the host.
+struct AdaptiveState {
+    method: u32,    // METHOD_*, checked by the host on restore
+    capacity: u32,  // checked on restore
+    steps: u32,     // finite steps folded in (low 32 bits)
+    count: u32,     // ZClip: warm-up norms collected; AutoClip: norms in the window
+    head: u32,      // AutoClip: the ring slot the next norm goes to
+    ema_ready: u32, // ZClip: the warm-up is over
+    mean: f32,
+    variance: f32,
+    // The latest step:
+    norm: f32,       // the norm the pass read (that of the set's record_norm)
+    threshold: f32,  // what the gradients are clipped to; +inf: no clipping
+    boundary: f32,   // the smallest norm this step would have clipped; +inf: none
+    decision: u32,   // D_*
+    max_norm: f32,   // threshold as the clip's max_norm (F32_MAX for +inf)
+    recorded: u32,   // adaptive steps run, skipped ones included (low 32 bits)
+    _pad: vec2<u32>,
+    history: array<f32>,
+}
+
+@group(0) @binding(0) var<storage, read> clip: ClipState;
+@group(0) @binding(1) var<storage, read_write> st: AdaptiveState;
+@group(0) @binding(2) var<uniform> prm: AdaptiveParams;
+
+// A runtime +inf: a constant expression may not overflow in WGSL.
+fn inf_from_bits(bits: u32) -> f32 {
+    return bitcast<f32>(bits);
+}
+
+fn finite(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7f800000u) != 0x7f800000u;
+}
+
+fn cap() -> f32 {
+    if (prm.flags & P_HAS_CAP) != 0u {
+        return prm.cap;
+    }
+    return inf_from_bits(0x7f800000u);
+}
+
+fn publish(g: f32, threshold: f32, boundary: f32, decision: u32) {
+    st.norm = g;
+    st.threshold = threshold;
+    st.boundary = boundary;
+    var d = decision;
+    if finite(g) && g > threshold {
+        d |= D_CLIPPED;
+    }
+    st.decision = d;
+    st.max_norm = select(F32_MAX, max(threshold, 0.0), finite(threshold));
+    st.recorded += 1u;
+}
+
+// ZClip (Kumar et al. 2025), after the authors' zclip.py: warm-up norms are
+// collected, then their mean and (population) variance start an EMA; a norm
+// whose z-score exceeds z_thresh is a spike and is clipped; the EMA is then
+// updated with the value the spike was clipped to (or left alone).
+fn zclip_step(g: f32) {
+    let c = cap();
+    if !finite(g) {
+        var boundary = c;
+        if st.ema_ready != 0u {
+            boundary = min(boundary, st.mean + prm.z_thresh * (sqrt(st.variance) + prm.eps));
+        }
+        publish(g, c, boundary, D_SKIPPED);
+        return;
+    }
+    st.steps += 1u;
+    if st.ema_ready == 0u {
+        st.history[st.count] = g;
+        st.count += 1u;
+        if st.count >= prm.warmup {
+            let n = f32(st.count);
+            var sum = 0.0;
+            for (var i = 0u; i < st.count; i++) {
+                sum += st.history[i];
+            }
+            let mean = sum / n;
+            var sq = 0.0;
+            for (var i = 0u; i < st.count; i++) {
+                let d = st.history[i] - mean;
+                sq += d * d;
+            }
+            st.mean = mean;
+            st.variance = sq / n;
+            st.ema_ready = 1u;
+            st.count = 0u;
+        }
+        publish(g, c, c, D_WARMUP);
+        return;
+    }
+    let mean = st.mean;
+    let sd = sqrt(st.variance);
+    var spike = false;
+    var clip_to = 0.0;
+    var boundary = 0.0;
+    if (prm.flags & P_PERCENTILE_MODE) != 0u {
+        boundary = mean + prm.z_thresh * sd;
+        spike = g > boundary;
+        clip_to = boundary;
+    } else {
+        let z = (g - mean) / (sd + prm.eps);
+        boundary = mean + prm.z_thresh * (sd + prm.eps);
+        spike = z > prm.z_thresh;
+        if (prm.flags & P_CLIP_TO_MEAN) != 0u {
+            clip_to = mean;
+        } else {
+            let eta = z / prm.z_thresh;
+            clip_to = (mean + (prm.z_thresh * sd) / eta) * prm.clip_factor;
+        }
+    }
+    var threshold = c;
+    if spike {
+        threshold = min(clip_to, c);
+    }
+    if !(spike && (prm.flags & P_SKIP_ON_SPIKE) != 0u) {
+        let x = select(g, clip_to, spike);
+        let a = prm.alpha;
+        let m = a * mean + (1.0 - a) * x;
+        let d = x - m;
+        st.mean = m;
+        st.variance = a * st.variance + (1.0 - a) * d * d;
+    }
+    publish(g, threshold, min(boundary, c), select(0u, D_SPIKE, spike));
+}
+
+// AutoClip's selection, one workgroup.
+const AUTO_WG: u32 = 64u;
+var<workgroup> sel: array<f32, 2>;
+var<workgroup> window_len: u32;
+
+fn push_norm(g: f32) {
+    st.history[st.head] = g;
+    st.head = (st.head + 1u) % prm.capacity;
+    st.count = min(st.count + 1u, prm.capacity);
+}
+
+// numpy's default percentile (linear interpolation between the order
+// statistics ⌊h⌋ and ⌊h⌋ + 1, h = (n - 1) · p / 100) of the window, by exact
+// selection: each invocation ranks its norms against all others (ties broken
+// by slot, so every rank is held by exactly one norm).
+fn autoclip_percentile(lid: u32, n: u32) -> f32 {
+    let h = f32(n - 1u) * (prm.percentile / 100.0);
+    let lo = min(u32(floor(h)), n - 1u);
+    let frac = h - floor(h);
+    for (var i = lid; i < n; i += AUTO_WG) {
+        let x = st.history[i];
+        var rank = 0u;
+        for (var j = 0u; j < n; j++) {
+            let y = st.history[j];
+            if y < x || (y == x && j < i) {
+                rank += 1u;
+            }
+        }
+        if rank == lo {
+            sel[0] = x;
+        }
+        if rank == lo + 1u {
+            sel[1] = x;
+        }
+    }
+    workgroupBarrier();
+    if lo + 1u >= n || frac == 0.0 {
+        return sel[0];
+    }
+    return sel[0] + frac * (sel[1] - sel[0]);
+}
+
+// AutoClip (Seetharaman et al. 2020): the threshold is the p-th percentile
+// of the norms seen (the last `capacity` of them).
+fn autoclip_step(lid: u32) {
+    let g = clip.total_norm;
+    let ok = finite(g);
+    let include = (prm.flags & P_INCLUDE_CURRENT) != 0u;
+    if lid == 0u {
+        if ok && include {
+            push_norm(g);
+        }
+        window_len = st.count;
+    }
+    // The push must be visible to every invocation, and the count uniform.
+    storageBarrier();
+    let n = workgroupUniformLoad(&window_len);
+    var threshold = inf_from_bits(0x7f800000u);
+    if n > 0u {
+        threshold = autoclip_percentile(lid, n);
+    }
+    if lid == 0u {
+        if ok {
+            st.steps += 1u;
+            if !include {
+                push_norm(g);
+            }
+        }
+        var decision = 0u;
+        if !ok {
+            decision = D_SKIPPED;
+        } else if g > threshold {
+            decision = D_SPIKE;
+        }
+        publish(g, threshold, threshold, decision);
+    }
+}
+
+// One adaptive step: reads the norm the set's record_norm left in ClipState,
+// updates AdaptiveState and writes the threshold. Dispatch: one workgroup.
+@compute @workgroup_size(64)
+fn adaptive_step(@builtin(local_invocation_index) lid: u32) {
+    if prm.method == METHOD_AUTOCLIP {
+        autoclip_step(lid);
+        return;
+    }
+    if lid == 0u {
+        zclip_step(clip.total_norm);
+    }
+}

@@ -1,0 +1,189 @@
+// AdaGC (Wang et al. 2025, "AdaGC: Improving Training Stability for Large
+// Language Model Pretraining"; the authors' Megatron patch): per-tensor
+// thresholds from an EMA of each tensor's past clipped norms, computed on the
+// GPU between a set's record_norm (with per-tensor norms) and its scale pass.
+// The host prepends clip_state.wgsl (ClipState).
+//
+// This pass writes the set's stats directly: each tensor's exact factor in
+// its TensorStat, ClipState.scale_kind = per tensor and the scale pass's
+// indirect dispatch, which the set's scale pass then reads as it reads what
+// finalize leaves for a per-tensor clip. A step with a NaN or infinite
+// element leaves every γ as it was.
+
+const D_CLIPPED: u32 = 1u;
+const D_SKIPPED: u32 = 4u;
+const D_WARMUP: u32 = 8u;
+
+const P_TENSORFLOW: u32 = 32u; // TensorFlow's clip_by_norm factor, not PyTorch's
+
+const SCALE_PER_TENSOR: u32 = 3u;
+
+// Written once by the host (the same record as adaptive.wgsl's).
+struct AdaptiveParams {
+    method: u32,
+    warmup: u32,          // steps of global clipping first
+    capacity: u32,        // 4 words per tensor
+    flags: u32,           // P_TENSORFLOW
+    alpha: f32,           // beta: the EMA factor of γ
+    z_thresh: f32,
+    eps: f32,
+    clip_factor: f32,
+    cap: f32,             // lambda_abs: the global threshold of the warm-up
+    percentile: f32,
+    tensors: u32,         // tensors of the set
+    ratio: f32,           // lambda_rel: tensor i is clipped to ratio · γ_i
+    scale_workgroups: u32, // the set's per-tensor grid-stride workgroups
+    _pad: u32,
+    _pad2: vec2<u32>,
+}
+
+// A tensor's norm and its factor, exactly (the set's TensorStat).
+struct TensorStat {
+    norm: f32,
+    coef_mant: f32,
+    coef_exp: i32,
+    _pad: u32,
+}
+
+// The set's stats buffer, up to the per-tensor array: ClipState, then the
+// records this pass does not touch (their size is checked by the tests
+// against gradclip::records::STATS_TENSORS_OFFSET).
+struct Stats {
+    state: ClipState,
+    _skip: array<u32, 1292>,
+    tensors: array<TensorStat>,
+}
+
+// The head is adaptive.wgsl's AdaptiveState; the history holds, per tensor,
+// (γ or -1 before its first finite step, norm, threshold, factor).
+struct AdaptiveState {
+    method: u32,
+    capacity: u32,
+    steps: u32,
+    count: u32,
+    head: u32,
+    ema_ready: u32,
+    mean: f32,
+    variance: f32,
+    norm: f32,
+    threshold: f32,
+    boundary: f32,
+    decision: u32,
+    max_norm: f32,
+    recorded: u32,
+    _pad: vec2<u32>,
+    history: array<f32>,
+}
+
+@group(0) @binding(0) var<storage, read_write> stats: Stats;
+@group(0) @binding(1) var<storage, read_write> st: AdaptiveState;
+@group(0) @binding(2) var<uniform> prm: AdaptiveParams;
+
+var<workgroup> any_scaled: atomic<u32>;
+
+fn finite(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7f800000u) != 0x7f800000u;
+}
+
+fn bits_f32(bits: u32) -> f32 {
+    return bitcast<f32>(bits);
+}
+
+// The factor of a norm and a threshold (+inf: none), as gradclip's fixed
+// clips compute it: PyTorch min(1, τ / (n + 1e-6)), TensorFlow τ / max(n, τ);
+// NaN for a NaN norm, 0 (PyTorch) or NaN (TensorFlow) for an infinite one.
+fn factor(n: f32, threshold: f32) -> f32 {
+    let tf = (prm.flags & P_TENSORFLOW) != 0u;
+    if (bitcast<u32>(n) & 0x7fffffffu) > 0x7f800000u {
+        return bits_f32(0x7fc00000u);
+    }
+    if !finite(n) {
+        return select(0.0, bits_f32(0x7fc00000u), tf);
+    }
+    if !finite(threshold) {
+        return 1.0;
+    }
+    if tf {
+        return select(threshold / n, 1.0, n <= threshold);
+    }
+    return min(threshold / (n + 1e-6), 1.0);
+}
+
+// Dispatch: one workgroup of 64; invocations stride over the tensors.
+@compute @workgroup_size(64)
+fn adagc_step(@builtin(local_invocation_index) lid: u32) {
+    let total = stats.state.total_norm;
+    let all_finite = stats.state.nonfinite == 0u;
+    let warm = st.steps < prm.warmup;
+    let beta = prm.alpha;
+    var global = 1.0;
+    if warm {
+        global = factor(total, prm.cap);
+    }
+    var scaled = false;
+    for (var i = lid; i < prm.tensors; i += 64u) {
+        let n = stats.tensors[i].norm;
+        let gamma = st.history[4u * i];
+        var threshold = prm.cap;
+        var f = global;
+        var next = gamma;
+        if warm {
+            // γ starts at the smallest norm after the warm-up's global clip.
+            let seen = f * n;
+            next = select(min(gamma, seen), seen, gamma < 0.0);
+        } else {
+            // A tensor without γ yet (no warm-up) starts from its own norm.
+            var g0 = gamma;
+            if gamma < 0.0 {
+                g0 = select(bits_f32(0x7f800000u), n, finite(n));
+            }
+            threshold = prm.ratio * g0;
+            f = factor(n, threshold);
+            let seen = select(n, threshold, n > threshold);
+            next = beta * g0 + (1.0 - beta) * seen;
+        }
+        if all_finite {
+            st.history[4u * i] = next;
+        }
+        st.history[4u * i + 1u] = n;
+        st.history[4u * i + 2u] = threshold;
+        st.history[4u * i + 3u] = f;
+        // The exact form the scale pass multiplies by: m · 2^e, m in [1, 2).
+        var m = f;
+        var e = 0;
+        if f != 0.0 && finite(f) {
+            let parts = frexp(f);
+            m = parts.fract * 2.0;
+            e = parts.exp - 1;
+        }
+        stats.tensors[i].coef_mant = m;
+        stats.tensors[i].coef_exp = e;
+        if bitcast<u32>(f) != 0x3f800000u {
+            scaled = true;
+        }
+    }
+    if scaled {
+        atomicOr(&any_scaled, 1u);
+    }
+    // Every invocation has read st.steps before it changes, and has voted.
+    workgroupBarrier();
+    if lid == 0u {
+        let scale = atomicLoad(&any_scaled) != 0u;
+        var decision = select(0u, D_WARMUP, warm);
+        if !all_finite {
+            decision |= D_SKIPPED;
+        } else {
+            st.steps += 1u;
+        }
+        if warm && finite(total) && total > prm.cap {
+            decision |= D_CLIPPED;
+        }
+        st.norm = total;
+        st.threshold = select(bits_f32(0x7f800000u), prm.cap, warm);
+        st.boundary = st.threshold;
+        st.decision = decision;
+        st.recorded += 1u;
+        stats.state.scale_kind = SCALE_PER_TENSOR;
+        stats.state.dispatch = array<u32, 3>(select(0u, prm.scale_workgroups, scale), 1u, 1u);
+    }
+}

@@ -1,0 +1,902 @@
+//! ZClip and AutoClip on the GPU against the float64 references of
+//! `tests/common/adaptive_reference.rs`, run side by side for 500 steps of
+//! the synthetic norm sequence (spikes, a slow drift, a NaN step): every
+//! step's threshold, decision, coefficient and clipped gradients.
+
+mod common;
+
+use common::adaptive_reference::{self as reference, Rng, StepOut};
+use common::{assert_no_wgpu_errors, download, gpu, upload};
+use gradclip::{AdaptiveClip, AdaptiveDecision, AdaptiveMethod, ClipNorm, GradLayout, Semantics};
+
+/// Tensor sizes of the test set (two tensors, so the flat walk crosses one).
+const SIZES: [usize; 2] = [700, 324];
+/// Relative tolerance of thresholds, coefficients and clipped gradients.
+const TOL: f64 = 1e-5;
+/// Relative distance from a decision's boundary below which f32 and f64 may
+/// decide differently.
+const EDGE: f64 = 1e-5;
+
+fn rel(got: f64, want: f64) -> f64 {
+    if got == want {
+        return 0.0;
+    }
+    (got - want).abs() / want.abs().max(f64::MIN_POSITIVE)
+}
+
+fn same(got: f64, want: f64, tol: f64) -> bool {
+    (got.is_nan() && want.is_nan()) || rel(got, want) <= tol
+}
+
+/// Tests of this file take turns on the shared device: the set's
+/// `read_report` natively waits for its submission and then expects its map
+/// callback to have run, which a `poll` running at the same time on another
+/// thread (another test's read) can still be delivering.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    TURN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One GPU step: what the adaptive pass and the set reported.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct GpuStep {
+    decision: AdaptiveDecision,
+    coefficient: f32,
+    total_norm: f32,
+}
+
+impl GpuStep {
+    fn bits(&self) -> [u32; 6] {
+        let d = &self.decision;
+        [
+            d.norm.to_bits(),
+            d.threshold.to_bits(),
+            d.boundary.to_bits(),
+            self.coefficient.to_bits(),
+            self.total_norm.to_bits(),
+            d.clipped as u32 | (d.spike as u32) << 1 | (d.skipped as u32) << 2,
+        ]
+    }
+}
+
+/// A set over freshly uploaded gradients with an adaptive clip on it.
+struct Run {
+    buffer: wgpu::Buffer,
+    set: gradclip::GradSet,
+    adaptive: AdaptiveClip,
+    clip: ClipNorm,
+}
+
+impl Run {
+    fn new(method: AdaptiveMethod, semantics: Semantics) -> Self {
+        Self::with_sizes(method, semantics, &SIZES)
+    }
+
+    fn with_sizes(method: AdaptiveMethod, semantics: Semantics, sizes: &[usize]) -> Self {
+        let g = gpu();
+        let len: usize = sizes.iter().sum();
+        let buffer = upload(&g.device, &vec![0.0; len]);
+        let layout = GradLayout::from_sizes(sizes).unwrap();
+        let set = g.clipper.bind(&buffer, &layout).unwrap();
+        let adaptive = AdaptiveClip::new(&set, method).unwrap();
+        let clip = match semantics {
+            Semantics::Torch => ClipNorm::new(1.0),
+            Semantics::TensorFlow => ClipNorm::tensorflow(1.0),
+        };
+        Self {
+            buffer,
+            set,
+            adaptive,
+            clip,
+        }
+    }
+
+    /// Uploads `data`, records and submits one adaptive step (nothing is
+    /// mapped or read while recording), then reads what it did.
+    fn step(&self, data: &[f32]) -> (GpuStep, Vec<f32>) {
+        let g = gpu();
+        g.queue
+            .write_buffer(&self.buffer, 0, bytemuck::cast_slice(data));
+        let mut encoder = g.device.create_command_encoder(&Default::default());
+        self.adaptive
+            .clip(&self.set, &mut encoder, &self.clip)
+            .unwrap();
+        g.queue.submit([encoder.finish()]);
+        let decision = pollster::block_on(self.adaptive.read_decision()).unwrap();
+        let report = pollster::block_on(self.set.read_report()).unwrap();
+        let after = download(&g.device, &g.queue, &self.buffer, data.len());
+        assert_no_wgpu_errors();
+        let step = GpuStep {
+            decision,
+            coefficient: report.coefficient,
+            total_norm: report.total_norm,
+        };
+        (step, after)
+    }
+}
+
+/// The float64 norm of the data (NaN or inf as the data makes it).
+fn norm64(data: &[f32]) -> f64 {
+    if data.iter().any(|x| x.is_nan()) {
+        return f64::NAN;
+    }
+    data.iter()
+        .map(|&x| x as f64 * x as f64)
+        .sum::<f64>()
+        .sqrt()
+}
+
+/// Runs the synthetic sequence through the GPU and `reference`, checking
+/// every step; returns the GPU steps for bit-identity checks.
+fn run_against(
+    method: AdaptiveMethod,
+    semantics: Semantics,
+    mut reference: impl FnMut(f64) -> StepOut,
+) -> Vec<GpuStep> {
+    let run = Run::new(method, semantics);
+    let targets = reference::synthetic_norms(reference::SYNTH_SEED);
+    let mut rng = Rng::new(0x00ad_a971);
+    let len: usize = SIZES.iter().sum();
+    let mut steps = Vec::new();
+    let (mut clipped, mut skipped, mut on_edge) = (0, 0, 0);
+    for (t, &target) in targets.iter().enumerate() {
+        let data = reference::gradients_with_norm(&mut rng, len, target);
+        let norm = norm64(&data);
+        let want = reference(norm);
+        let (got, after) = run.step(&data);
+        let d = &got.decision;
+        let ctx = format!("step {t}: gpu {got:?}\nreference {want:?}");
+        assert!(same(d.norm as f64, norm, 1e-6), "norm, {ctx}");
+        assert_eq!(d.skipped, want.skipped, "skipped, {ctx}");
+        // Decisions are compared off the knife's edge: f32 arithmetic moves
+        // a boundary by ~1e-7 relative, so within EDGE of it either side is
+        // right (AutoClip meets such steps: the norm is in its own window).
+        // The threshold and the coefficient, continuous there, still are.
+        if want.margin > EDGE {
+            assert_eq!(d.clipped, want.clipped, "clipped, {ctx}");
+            assert_eq!(d.spike, want.spike, "spike, {ctx}");
+        } else {
+            on_edge += 1;
+        }
+        assert!(
+            same(d.threshold as f64, want.threshold, TOL),
+            "threshold {} vs {} ({:e}), {ctx}",
+            d.threshold,
+            want.threshold,
+            rel(d.threshold as f64, want.threshold)
+        );
+        assert!(
+            same(d.boundary as f64, want.boundary, TOL),
+            "boundary, {ctx}"
+        );
+        assert!(
+            same(got.coefficient as f64, want.coefficient, TOL),
+            "coefficient {} vs {}, {ctx}",
+            got.coefficient,
+            want.coefficient
+        );
+        for (i, (&before, &a)) in data.iter().zip(&after).enumerate() {
+            let expect = before as f64 * want.coefficient;
+            let ok = if expect.is_nan() {
+                a.is_nan()
+            } else {
+                (a as f64 - expect).abs() <= TOL * expect.abs() + 1e-30
+            };
+            assert!(ok, "element {i} = {a}, want {expect}, {ctx}");
+        }
+        clipped += want.clipped as usize;
+        skipped += want.skipped as usize;
+        steps.push(got);
+    }
+    // The sequence exercised what it is for.
+    assert!(clipped >= 3, "only {clipped} clipped steps");
+    assert_eq!(skipped, 1);
+    assert!(
+        on_edge <= 5,
+        "{on_edge} steps within {EDGE:e} of a boundary"
+    );
+    steps
+}
+
+fn zclip_reference(cfg: reference::ZClipConfig) -> impl FnMut(f64) -> StepOut {
+    let mut z = reference::ZClip::new(cfg);
+    move |g| z.step(g)
+}
+
+fn autoclip_reference(cfg: reference::AutoClipConfig) -> impl FnMut(f64) -> StepOut {
+    let mut a = reference::AutoClip::new(cfg);
+    move |g| a.step(g)
+}
+
+#[test]
+fn zclip_defaults_follow_the_reference_and_repeat_bit_for_bit() {
+    let _turn = serial();
+    let method = gradclip::ZClip::new().into();
+    let cfg = reference::ZClipConfig::default();
+    let first = run_against(method, Semantics::Torch, zclip_reference(cfg));
+    // Every spike of the sequence after warm-up is caught.
+    for (t, _) in reference::SPIKES {
+        assert!(first[t].decision.clipped, "spike at step {t} not clipped");
+    }
+    let second = run_against(method, Semantics::Torch, zclip_reference(cfg));
+    let bits = |s: &[GpuStep]| s.iter().map(GpuStep::bits).collect::<Vec<_>>();
+    assert_eq!(bits(&first), bits(&second), "two runs differ");
+}
+
+#[test]
+fn zclip_to_the_mean_with_a_cap_and_no_update_on_spikes() {
+    let _turn = serial();
+    let method = gradclip::ZClip::new()
+        .mode(gradclip::ZClipMode::ZScore(gradclip::ZClipTo::Mean))
+        .max_norm(Some(3.0))
+        .skip_update_on_spike(true)
+        .warmup_steps(10)
+        .into();
+    let cfg = reference::ZClipConfig {
+        mode: reference::ZMode::ZScore(reference::ZClipTo::Mean),
+        max_norm: Some(3.0),
+        skip_update_on_spike: true,
+        warmup_steps: 10,
+        ..Default::default()
+    };
+    run_against(method, Semantics::Torch, zclip_reference(cfg));
+}
+
+#[test]
+fn zclip_percentile_mode_under_tensorflow_semantics() {
+    let _turn = serial();
+    let method = gradclip::ZClip::new()
+        .mode(gradclip::ZClipMode::Percentile)
+        .alpha(0.9)
+        .z_thresh(3.0)
+        .into();
+    let cfg = reference::ZClipConfig {
+        mode: reference::ZMode::Percentile,
+        alpha: 0.9,
+        z_thresh: 3.0,
+        semantics: Semantics::TensorFlow,
+        ..Default::default()
+    };
+    run_against(method, Semantics::TensorFlow, zclip_reference(cfg));
+}
+
+#[test]
+fn autoclip_over_all_of_history_follows_the_paper() {
+    let _turn = serial();
+    // A window longer than the run is the paper's "all of history".
+    let method = gradclip::AutoClip::new(10.0).window(512).into();
+    let cfg = reference::AutoClipConfig::paper(10.0);
+    let first = run_against(method, Semantics::Torch, autoclip_reference(cfg));
+    let second = run_against(method, Semantics::Torch, autoclip_reference(cfg));
+    let bits = |s: &[GpuStep]| s.iter().map(GpuStep::bits).collect::<Vec<_>>();
+    assert_eq!(bits(&first), bits(&second), "two runs differ");
+}
+
+#[test]
+fn autoclip_windowed_quantile_clip_under_tensorflow() {
+    let _turn = serial();
+    let method = gradclip::AutoClip::new(90.0)
+        .window(50)
+        .include_current(false)
+        .into();
+    let cfg = reference::AutoClipConfig {
+        percentile: 90.0,
+        window: Some(50),
+        include_current: false,
+        semantics: Semantics::TensorFlow,
+    };
+    run_against(method, Semantics::TensorFlow, autoclip_reference(cfg));
+}
+
+#[test]
+fn autoclip_interpolates_between_order_statistics() {
+    let _turn = serial();
+    // p = 37 over 13-norm windows: h = 12 · 0.37 = 4.44, never an integer.
+    let method = gradclip::AutoClip::new(37.0).window(13).into();
+    let cfg = reference::AutoClipConfig {
+        percentile: 37.0,
+        window: Some(13),
+        include_current: true,
+        semantics: Semantics::Torch,
+    };
+    run_against(method, Semantics::Torch, autoclip_reference(cfg));
+}
+
+/// Tensor sizes of the AdaGC set (one per column of `synthetic_tensor_norms`).
+const ADAGC_SIZES: [usize; 4] = [400, 130, 64, 300];
+
+/// AdaGC over the 500-step per-tensor sequence against its reference:
+/// every tensor's threshold, factor and γ, and every clipped gradient.
+fn adagc_against(method: gradclip::AdaGc, cfg: reference::AdaGcConfig) -> Vec<Vec<u32>> {
+    let run = Run::with_sizes(method.into(), method.semantics, &ADAGC_SIZES);
+    let mut want_ref = reference::AdaGc::new(cfg, ADAGC_SIZES.len());
+    let sequence = reference::synthetic_tensor_norms(reference::SYNTH_SEED);
+    let mut rng = Rng::new(0x00ad_a6c0);
+    let g = gpu();
+    let mut bits = Vec::new();
+    let (mut clipped, mut on_edge) = (0, 0);
+    for (t, targets) in sequence.iter().enumerate() {
+        let mut data = Vec::new();
+        let mut norms = Vec::new();
+        for (&size, &target) in ADAGC_SIZES.iter().zip(targets) {
+            let part = reference::gradients_with_norm(&mut rng, size, target);
+            norms.push(norm64(&part));
+            data.extend(part);
+        }
+        let want = want_ref.step(&norms);
+        g.queue
+            .write_buffer(&run.buffer, 0, bytemuck::cast_slice(&data));
+        let mut encoder = g.device.create_command_encoder(&Default::default());
+        run.adaptive
+            .clip(&run.set, &mut encoder, &run.clip)
+            .unwrap();
+        g.queue.submit([encoder.finish()]);
+        let decision = pollster::block_on(run.adaptive.read_decision()).unwrap();
+        let tensors = pollster::block_on(run.adaptive.read_tensor_decisions()).unwrap();
+        let after = download(&g.device, &g.queue, &run.buffer, data.len());
+        assert_no_wgpu_errors();
+        let ctx = format!("step {t}: gpu {decision:?} {tensors:?}\nreference {want:?}");
+        assert_eq!(decision.skipped, want.skipped, "skipped, {ctx}");
+        assert_eq!(decision.warmup, want.warmup, "warm-up, {ctx}");
+        assert!(
+            same(decision.norm as f64, want.total_norm, 1e-6),
+            "total, {ctx}"
+        );
+        let mut start = 0;
+        for (i, (got, w)) in tensors.iter().zip(&want.tensors).enumerate() {
+            assert!(
+                same(got.norm as f64, w.norm, 1e-6),
+                "tensor {i} norm, {ctx}"
+            );
+            assert!(
+                same(got.threshold as f64, w.threshold, TOL),
+                "tensor {i} threshold, {ctx}"
+            );
+            assert!(
+                same(got.coefficient as f64, w.coefficient, TOL),
+                "tensor {i} coefficient {} vs {}, {ctx}",
+                got.coefficient,
+                w.coefficient
+            );
+            let gamma = want_ref.gamma[i];
+            assert_eq!(got.gamma.is_some(), gamma.is_some(), "tensor {i} γ, {ctx}");
+            if let (Some(a), Some(b)) = (got.gamma, gamma) {
+                assert!(same(a as f64, b, TOL), "tensor {i} γ {a} vs {b}, {ctx}");
+            }
+            if w.margin <= EDGE {
+                on_edge += 1;
+            }
+            clipped += (w.clipped && !want.warmup) as usize;
+            let end = start + ADAGC_SIZES[i];
+            for (j, (&before, &a)) in data[start..end].iter().zip(&after[start..end]).enumerate() {
+                let expect = before as f64 * w.coefficient;
+                let ok = if expect.is_nan() {
+                    a.is_nan()
+                } else {
+                    (a as f64 - expect).abs() <= TOL * expect.abs() + 1e-30
+                };
+                assert!(ok, "tensor {i} element {j} = {a}, want {expect}, {ctx}");
+            }
+            start = end;
+            bits.push(got.coefficient.to_bits());
+        }
+        bits.push(decision.norm.to_bits());
+    }
+    assert!(
+        clipped >= 3,
+        "only {clipped} per-tensor clips after warm-up"
+    );
+    assert!(
+        on_edge <= 5,
+        "{on_edge} decisions within {EDGE:e} of a boundary"
+    );
+    vec![bits]
+}
+
+#[test]
+fn adagc_defaults_follow_the_authors_code_and_repeat_bit_for_bit() {
+    let _turn = serial();
+    let first = adagc_against(gradclip::AdaGc::new(), reference::AdaGcConfig::default());
+    let second = adagc_against(gradclip::AdaGc::new(), reference::AdaGcConfig::default());
+    assert_eq!(first, second, "two runs differ");
+}
+
+#[test]
+fn adagc_short_warmup_under_tensorflow() {
+    let _turn = serial();
+    let method = gradclip::AdaGc::new()
+        .warmup_steps(20)
+        .lambda_abs(2.5)
+        .beta(0.9)
+        .semantics(Semantics::TensorFlow);
+    let cfg = reference::AdaGcConfig {
+        warmup_steps: 20,
+        lambda_abs: 2.5,
+        beta: 0.9,
+        semantics: Semantics::TensorFlow,
+        ..Default::default()
+    };
+    adagc_against(method, cfg);
+}
+
+#[test]
+fn adagc_without_warmup_starts_each_gamma_at_its_first_norm() {
+    let _turn = serial();
+    let method = gradclip::AdaGc::new().warmup_steps(0);
+    let cfg = reference::AdaGcConfig {
+        warmup_steps: 0,
+        ..Default::default()
+    };
+    adagc_against(method, cfg);
+}
+
+/// A state saved mid-run and restored into a new adaptive clip on another
+/// set carries on exactly as the original does.
+fn save_and_restore(method: AdaptiveMethod) {
+    let targets = reference::synthetic_norms(reference::SYNTH_SEED);
+    let len: usize = SIZES.iter().sum();
+    let mut rng = Rng::new(7);
+    let data: Vec<Vec<f32>> = targets
+        .iter()
+        .take(300)
+        .map(|&t| reference::gradients_with_norm(&mut rng, len, t))
+        .collect();
+    let original = Run::new(method, Semantics::Torch);
+    for d in &data[..150] {
+        original.step(d);
+    }
+    let saved = pollster::block_on(original.adaptive.save_state()).unwrap();
+    assert_eq!(saved.len() as u64, original.adaptive.state_size());
+    let resumed = Run::new(method, Semantics::Torch);
+    resumed.adaptive.restore_state(&saved).unwrap();
+    for (t, d) in data[150..].iter().enumerate() {
+        let (a, after_a) = original.step(d);
+        let (b, after_b) = resumed.step(d);
+        assert_eq!(a.bits(), b.bits(), "step {} after the restore", t + 150);
+        assert_eq!(
+            bytemuck::cast_slice::<f32, u32>(&after_a),
+            bytemuck::cast_slice::<f32, u32>(&after_b)
+        );
+    }
+    // A restore of the resumed state's own bytes changes nothing.
+    let again = pollster::block_on(resumed.adaptive.save_state()).unwrap();
+    resumed.adaptive.restore_state(&again).unwrap();
+    assert_eq!(
+        pollster::block_on(resumed.adaptive.save_state()).unwrap(),
+        again
+    );
+}
+
+#[test]
+fn zclip_state_survives_save_and_restore() {
+    let _turn = serial();
+    save_and_restore(gradclip::ZClip::new().into());
+}
+
+#[test]
+fn adagc_state_survives_save_and_restore() {
+    let _turn = serial();
+    let method: AdaptiveMethod = gradclip::AdaGc::new().warmup_steps(30).into();
+    let sequence = reference::synthetic_tensor_norms(reference::SYNTH_SEED);
+    let mut rng = Rng::new(11);
+    let data: Vec<Vec<f32>> = sequence
+        .iter()
+        .take(200)
+        .map(|targets| {
+            ADAGC_SIZES
+                .iter()
+                .zip(targets)
+                .flat_map(|(&n, &t)| reference::gradients_with_norm(&mut rng, n, t))
+                .collect()
+        })
+        .collect();
+    let original = Run::with_sizes(method, Semantics::Torch, &ADAGC_SIZES);
+    let g = gpu();
+    let step = |run: &Run, d: &[f32]| {
+        g.queue
+            .write_buffer(&run.buffer, 0, bytemuck::cast_slice(d));
+        let mut encoder = g.device.create_command_encoder(&Default::default());
+        run.adaptive
+            .clip(&run.set, &mut encoder, &run.clip)
+            .unwrap();
+        g.queue.submit([encoder.finish()]);
+        let t = pollster::block_on(run.adaptive.read_tensor_decisions()).unwrap();
+        (t, download(&g.device, &g.queue, &run.buffer, d.len()))
+    };
+    for d in &data[..100] {
+        step(&original, d);
+    }
+    let saved = pollster::block_on(original.adaptive.save_state()).unwrap();
+    let resumed = Run::with_sizes(method, Semantics::Torch, &ADAGC_SIZES);
+    resumed.adaptive.restore_state(&saved).unwrap();
+    for (t, d) in data[100..].iter().enumerate() {
+        let (a, after_a) = step(&original, d);
+        let (b, after_b) = step(&resumed, d);
+        assert_eq!(format!("{a:?}"), format!("{b:?}"), "step {}", t + 100);
+        assert_eq!(
+            bytemuck::cast_slice::<f32, u32>(&after_a),
+            bytemuck::cast_slice::<f32, u32>(&after_b)
+        );
+    }
+    assert_no_wgpu_errors();
+}
+
+#[test]
+fn autoclip_state_survives_save_and_restore() {
+    let _turn = serial();
+    save_and_restore(gradclip::AutoClip::new(25.0).window(64).into());
+}
+
+#[test]
+fn restore_rejects_foreign_or_corrupt_state() {
+    let _turn = serial();
+    let z = Run::new(gradclip::ZClip::new().into(), Semantics::Torch);
+    let a = Run::new(
+        gradclip::AutoClip::new(10.0).window(25).into(),
+        Semantics::Torch,
+    );
+    // Same size (25 slots each), different method.
+    let auto_bytes = pollster::block_on(a.adaptive.save_state()).unwrap();
+    assert_eq!(auto_bytes.len() as u64, z.adaptive.state_size());
+    let err = z.adaptive.restore_state(&auto_bytes).unwrap_err();
+    assert!(
+        matches!(err, gradclip::Error::InvalidAdaptiveState(_)),
+        "{err}"
+    );
+    let mut zbytes = pollster::block_on(z.adaptive.save_state()).unwrap();
+    assert!(z.adaptive.restore_state(&zbytes[1..]).is_err());
+    // A NaN mean with the EMA started.
+    zbytes[20..24].copy_from_slice(&1u32.to_le_bytes());
+    zbytes[24..28].copy_from_slice(&f32::NAN.to_le_bytes());
+    assert!(matches!(
+        z.adaptive.restore_state(&zbytes),
+        Err(gradclip::Error::InvalidAdaptiveState(_))
+    ));
+}
+
+#[test]
+fn invalid_parameters_and_unsupported_clips_are_errors() {
+    let _turn = serial();
+    let g = gpu();
+    let buffer = upload(&g.device, &[1.0; 8]);
+    let set = g
+        .clipper
+        .bind(&buffer, &GradLayout::from_sizes(&[8]).unwrap())
+        .unwrap();
+    for method in [
+        AdaptiveMethod::from(gradclip::ZClip::new().alpha(1.0)),
+        gradclip::ZClip::new().warmup_steps(0).into(),
+        gradclip::ZClip::new().z_thresh(f32::NAN).into(),
+        gradclip::ZClip::new().max_norm(Some(-1.0)).into(),
+        gradclip::AutoClip::new(100.5).into(),
+        gradclip::AutoClip::new(10.0).window(0).into(),
+        gradclip::AutoClip::new(10.0).window(u32::MAX).into(),
+        gradclip::AdaGc::new().beta(1.0).into(),
+        gradclip::AdaGc::new().lambda_rel(0.0).into(),
+        gradclip::AdaGc::new().lambda_abs(f32::INFINITY).into(),
+    ] {
+        assert!(
+            matches!(
+                AdaptiveClip::new(&set, method),
+                Err(gradclip::Error::InvalidAdaptive(_))
+            ),
+            "{method:?}"
+        );
+    }
+    let adaptive = AdaptiveClip::new(&set, gradclip::ZClip::new()).unwrap();
+    let other = g
+        .clipper
+        .bind(&buffer, &GradLayout::from_sizes(&[8]).unwrap())
+        .unwrap();
+    let mut encoder = g.device.create_command_encoder(&Default::default());
+    for (s, clip) in [
+        (&set, ClipNorm::new(1.0).per_tensor(true)),
+        (&set, ClipNorm::new(1.0).tensor_norms(true)),
+        (&set, ClipNorm::new(1.0).unscale(true)),
+        (&other, ClipNorm::new(1.0)),
+    ] {
+        assert!(matches!(
+            adaptive.clip(s, &mut encoder, &clip),
+            Err(gradclip::Error::Unsupported(_))
+        ));
+    }
+    let adagc = AdaptiveClip::new(&set, gradclip::AdaGc::new()).unwrap();
+    assert!(matches!(
+        adagc.clip(&set, &mut encoder, &ClipNorm::tensorflow(1.0)),
+        Err(gradclip::Error::Unsupported(_))
+    ));
+    // Nothing was recorded on either set.
+    assert_eq!((set.steps_recorded(), other.steps_recorded()), (0, 0));
+    drop(encoder);
+    assert_no_wgpu_errors();
+}
+
+#[test]
+fn the_adaptive_modules_validate_and_translate_for_every_backend() {
+    let _turn = serial();
+    let params = check_module(&gradclip::shaders::ADAPTIVE, |_| {});
+    let adagc_params = check_module(&gradclip::shaders::ADAPTIVE_ADAGC, |record| {
+        // AdaGC's view of the set's stats puts the per-tensor array where the host does.
+        let (_, stats) = record("Stats");
+        let tensors = stats.iter().find(|(n, _)| n == "tensors").unwrap().1;
+        assert_eq!(tensors as u64, gradclip::records::STATS_TENSORS_OFFSET);
+    });
+    // Both modules declare the same parameter record.
+    assert_eq!(params, adagc_params);
+    translate(&gradclip::shaders::ADAPTIVE_AGC);
+}
+
+type Record = (u32, Vec<(String, u32)>);
+
+/// Validates `pass`, checks the adaptive records' layout (and what `more`
+/// checks), translates it for every backend; returns `AdaptiveParams`' layout.
+fn check_module(
+    pass: &gradclip::shaders::PassModule,
+    more: impl FnOnce(&dyn Fn(&str) -> Record),
+) -> Record {
+    let module = naga::front::wgsl::parse_str(&pass.source()).expect("parse");
+    // The host's offsets into the records, read back from the WGSL.
+    let mut layouter = naga::proc::Layouter::default();
+    layouter.update(module.to_ctx()).unwrap();
+    let record = |name: &str| {
+        let (handle, ty) = module
+            .types
+            .iter()
+            .find(|(_, t)| t.name.as_deref() == Some(name))
+            .unwrap_or_else(|| panic!("no struct {name}"));
+        let naga::TypeInner::Struct { members, .. } = &ty.inner else {
+            panic!("{name} is not a struct");
+        };
+        let offsets: Vec<(String, u32)> = members
+            .iter()
+            .map(|m| (m.name.clone().unwrap(), m.offset))
+            .collect();
+        (layouter[handle].size, offsets)
+    };
+    let params = record("AdaptiveParams");
+    assert_eq!(params.0, 64);
+    let (_, state) = record("AdaptiveState");
+    let at = |name: &str| state.iter().find(|(n, _)| n == name).unwrap().1;
+    assert_eq!((at("max_norm"), at("history")), (48, 64));
+    more(&record);
+
+    translate(pass);
+    params
+}
+
+/// Validates `pass` and translates its entry point for every backend.
+fn translate(pass: &gradclip::shaders::PassModule) {
+    use naga::back::{glsl, hlsl, msl, spv};
+    let module = naga::front::wgsl::parse_str(&pass.source()).expect("parse");
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::default(),
+    )
+    .validate(&module)
+    .expect("validate");
+    let entry = pass.entry_points[0];
+    let words = spv::write_vec(
+        &module,
+        &info,
+        &spv::Options::default(),
+        Some(&spv::PipelineOptions {
+            shader_stage: naga::ShaderStage::Compute,
+            entry_point: entry.to_string(),
+        }),
+    )
+    .expect("SPIR-V");
+    assert_eq!(words[0], 0x0723_0203);
+    let (metal, _) = msl::write_string(
+        &module,
+        &info,
+        &msl::Options::default(),
+        &msl::PipelineOptions {
+            entry_point: Some((naga::ShaderStage::Compute, entry.to_string())),
+            ..Default::default()
+        },
+    )
+    .expect("MSL");
+    assert!(metal.contains("kernel"));
+    let mut hlsl_out = String::new();
+    hlsl::Writer::new(
+        &mut hlsl_out,
+        &hlsl::Options::default(),
+        &hlsl::PipelineOptions {
+            entry_point: Some((naga::ShaderStage::Compute, entry.to_string())),
+        },
+    )
+    .write(&module, &info, None)
+    .expect("HLSL");
+    assert!(hlsl_out.contains("[numthreads(64, 1, 1)]"));
+    let mut glsl_out = String::new();
+    glsl::Writer::new(
+        &mut glsl_out,
+        &module,
+        &info,
+        &glsl::Options {
+            version: glsl::Version::Embedded {
+                version: 310,
+                is_webgl: false,
+            },
+            ..Default::default()
+        },
+        &glsl::PipelineOptions {
+            shader_stage: naga::ShaderStage::Compute,
+            entry_point: entry.to_string(),
+            multiview: None,
+        },
+        naga::proc::BoundsCheckPolicies::default(),
+    )
+    .and_then(|mut w| w.write())
+    .expect("GLSL");
+    assert!(glsl_out.contains("local_size_x = 64"));
+}
+
+/// Runs AGC on the GPU over `cases` packed in one buffer, compares every
+/// unit and every gradient with Optax's formula in float64 (general axes).
+/// One AGC tensor: shape, unit convention, gradients, parameters.
+type AgcTensor = (Vec<usize>, reference::Units, Vec<f32>, Vec<f32>);
+
+fn agc_against_optax(cases: &[AgcTensor]) -> usize {
+    let g = gpu();
+    let grads: Vec<f32> = cases.iter().flat_map(|c| c.2.clone()).collect();
+    let params: Vec<f32> = cases.iter().flat_map(|c| c.3.clone()).collect();
+    let sizes: Vec<usize> = cases.iter().map(|c| c.2.len()).collect();
+    let layout = GradLayout::from_sizes(&sizes).unwrap();
+    let grad_buffer = upload(&g.device, &grads);
+    let param_buffer = upload(&g.device, &params);
+    let shapes: Vec<(&[usize], gradclip::AgcUnits)> = cases
+        .iter()
+        .map(|c| {
+            let units = match c.1 {
+                reference::Units::Optax => gradclip::AgcUnits::Optax,
+                reference::Units::Torch => gradclip::AgcUnits::Torch,
+                reference::Units::Axes(_) => unreachable!("no GPU form"),
+            };
+            (c.0.as_slice(), units)
+        })
+        .collect();
+    let agc = gradclip::AgcClip::new(
+        &g.device,
+        &g.queue,
+        &grad_buffer,
+        &param_buffer,
+        &layout,
+        &shapes,
+        gradclip::Agc::new(reference::AGC_CLIPPING as f32).eps(reference::AGC_EPS as f32),
+    )
+    .unwrap();
+    let mut encoder = g.device.create_command_encoder(&Default::default());
+    agc.clip(&mut encoder).unwrap();
+    g.queue.submit([encoder.finish()]);
+    let units = pollster::block_on(agc.read_units()).unwrap();
+    let after = download(&g.device, &g.queue, &grad_buffer, grads.len());
+    assert_no_wgpu_errors();
+    let (mut u0, mut e0, mut clipped) = (0, 0, 0);
+    for (shape, convention, grad, param) in cases {
+        let axes = reference::unit_axes(shape, convention).unwrap();
+        let want = reference::agc_optax(
+            &reference::Tensor::new(shape, grad.clone()),
+            &reference::Tensor::new(shape, param.clone()),
+            reference::AGC_CLIPPING,
+            reference::AGC_EPS,
+            &axes,
+        );
+        for (k, w) in want.units.iter().enumerate() {
+            let got = &units[u0 + k];
+            let ctx = format!("{shape:?} unit {k}: gpu {got:?}, want {w:?}");
+            // Norms of all-zero units are exactly 0 on both sides.
+            assert!(same(got.grad_norm as f64, w.grad_norm, 1e-5), "{ctx}");
+            assert!(same(got.param_norm as f64, w.param_norm, 1e-5), "{ctx}");
+            assert!(same(got.max_norm as f64, w.max_norm, 1e-5), "{ctx}");
+            if reference::margin(w.grad_norm, w.max_norm) > EDGE {
+                assert_eq!(got.clipped(), w.clipped, "{ctx}");
+            }
+            assert!(same(got.factor as f64, w.factor, 1e-5), "{ctx}");
+            clipped += w.clipped as usize;
+        }
+        for (i, &want_g) in want.grad.iter().enumerate() {
+            let got = after[e0 + i] as f64;
+            let ok = if want_g.is_nan() {
+                got.is_nan()
+            } else {
+                (got - want_g).abs() <= TOL * want_g.abs() + 1e-30
+            };
+            assert!(ok, "{shape:?} element {i} = {got}, want {want_g}");
+        }
+        u0 += want.units.len();
+        e0 += grad.len();
+    }
+    assert_eq!(u0 as u32, agc.unit_count());
+    clipped
+}
+
+#[test]
+fn agc_follows_optax_on_every_layout_with_zero_norm_units() {
+    let _turn = serial();
+    let mut clipped = 0;
+    for seed in 0..8 {
+        let cases: Vec<_> = reference::agc_cases(seed)
+            .into_iter()
+            .map(|c| (c.grad.shape.clone(), c.units, c.grad.data, c.param.data))
+            .collect();
+        clipped += agc_against_optax(&cases);
+    }
+    assert!(clipped > 50, "only {clipped} units clipped");
+}
+
+#[test]
+fn agc_strides_over_more_units_than_one_dispatch_holds_and_keeps_nan_local() {
+    let _turn = serial();
+    // 70 000 PyTorch rows: more units than 65 535 workgroups; one row NaN.
+    let mut rng = Rng::new(3);
+    let rows = 70_000;
+    let mut grad: Vec<f32> = (0..2 * rows)
+        .map(|_| (0.02 * rng.normal()) as f32)
+        .collect();
+    let param: Vec<f32> = (0..2 * rows).map(|_| rng.normal() as f32).collect();
+    grad[2 * 69_999] = f32::NAN;
+    let cases = vec![
+        (vec![rows, 2], reference::Units::Torch, grad, param),
+        (
+            vec![3],
+            reference::Units::Optax,
+            vec![1.0, 2.0, 2.0],
+            vec![0.0; 3],
+        ),
+    ];
+    assert!(agc_against_optax(&cases) > 1000);
+}
+
+/// 500 steps recorded and submitted back to back with no read in between
+/// (each step's gradients written with `queue.write_buffer`): the threshold
+/// never visits the host, yet the last 32 steps' coefficients in the set's
+/// report log, the EMA left on the GPU and the last step's gradients match
+/// the float64 reference.
+#[test]
+fn zclip_runs_500_steps_without_the_host() {
+    let _turn = serial();
+    let g = gpu();
+    let run = Run::new(gradclip::ZClip::new().into(), Semantics::Torch);
+    let mut z = reference::ZClip::new(reference::ZClipConfig::default());
+    let targets = reference::synthetic_norms(reference::SYNTH_SEED);
+    let mut rng = Rng::new(0x00ad_a971);
+    let len: usize = SIZES.iter().sum();
+    let mut want = Vec::new();
+    let mut last = Vec::new();
+    for &target in &targets {
+        let data = reference::gradients_with_norm(&mut rng, len, target);
+        want.push(z.step(norm64(&data)));
+        g.queue
+            .write_buffer(&run.buffer, 0, bytemuck::cast_slice(&data));
+        let mut encoder = g.device.create_command_encoder(&Default::default());
+        run.adaptive
+            .clip(&run.set, &mut encoder, &run.clip)
+            .unwrap();
+        g.queue.submit([encoder.finish()]);
+        last = data;
+    }
+    let reports = pollster::block_on(run.set.take_reports()).unwrap();
+    assert_eq!(reports.reports.len(), 64);
+    let clips: Vec<_> = reports.reports.iter().filter(|r| r.step % 2 == 0).collect();
+    assert_eq!(clips.len(), 32);
+    for r in clips {
+        let w = &want[(r.step / 2 - 1) as usize];
+        assert!(
+            same(r.coefficient as f64, w.coefficient, TOL),
+            "set step {}: {} vs {w:?}",
+            r.step,
+            r.coefficient
+        );
+    }
+    let state = pollster::block_on(run.adaptive.save_state()).unwrap();
+    let word = |i: usize| f32::from_le_bytes(state[4 * i..4 * i + 4].try_into().unwrap()) as f64;
+    let (mean, var) = z.state.ema.unwrap();
+    assert!(same(word(6), mean, TOL) && same(word(7), var, TOL), "EMA");
+    let after = download(&g.device, &g.queue, &run.buffer, len);
+    let c = want.last().unwrap().coefficient;
+    for (&b, &a) in last.iter().zip(&after) {
+        assert!((a as f64 - b as f64 * c).abs() <= TOL * (b as f64 * c).abs() + 1e-30);
+    }
+    assert_no_wgpu_errors();
+}
