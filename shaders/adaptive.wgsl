@@ -253,8 +253,9 @@ fn autoclip_step(lid: u32) {
     }
 }
 
-// One adaptive step: reads the norm the set's record_norm left in ClipState,
-// updates AdaptiveState and writes the threshold. Dispatch: one workgroup.
+// adaptive_step — reads: the norm the set's record_norm left in clip
+// (ClipState), st, prm. Writes: st (EMA or history, and the threshold that
+// the clip then copies into its max_norm). Dispatch: one workgroup.
 @compute @workgroup_size(64)
 fn adaptive_step(@builtin(local_invocation_index) lid: u32) {
     if prm.method == METHOD_AUTOCLIP {

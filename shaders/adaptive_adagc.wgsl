@@ -109,6 +109,9 @@ fn factor(n: f32, threshold: f32) -> f32 {
     return min(threshold / (n + 1e-6), 1.0);
 }
 
+// adagc_step — reads: stats (the record_norm's state and per-tensor norms),
+// st (each tensor's EMA of clipped norms), prm. Writes: each tensor's exact
+// factor and the scale dispatch into stats, the updated EMAs into st.
 // Dispatch: one workgroup of 64; invocations stride over the tensors.
 @compute @workgroup_size(64)
 fn adagc_step(@builtin(local_invocation_index) lid: u32) {

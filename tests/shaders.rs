@@ -5,7 +5,13 @@
 //! are read from the shader and compared with the Rust side.
 
 use gradclip::records;
-use gradclip::shaders::{PassModule, KIND_OVERRIDE, MODULES, WORKGROUP_SIZE_OVERRIDE};
+use gradclip::shaders::{
+    PassModule, ADAPTIVE, ADAPTIVE_ADAGC, ADAPTIVE_AGC, KIND_OVERRIDE, MODULES,
+    WORKGROUP_SIZE_OVERRIDE,
+};
+
+/// The adaptive methods' modules: no overrides, each with its own layout.
+const ADAPTIVE_MODULES: [PassModule; 3] = [ADAPTIVE, ADAPTIVE_ADAGC, ADAPTIVE_AGC];
 use naga::back::{glsl, hlsl, msl, spv};
 use naga::valid::{Capabilities, ModuleInfo, ValidationFlags, Validator};
 
@@ -354,7 +360,7 @@ fn the_exported_clip_state_is_what_every_module_starts_with() {
 fn every_entry_point_is_documented() {
     // House rule: a comment right above each entry point says what it reads,
     // what it writes and its dispatch shape.
-    for pass in MODULES {
+    for pass in MODULES.into_iter().chain(ADAPTIVE_MODULES) {
         let source = pass.source();
         let lines: Vec<&str> = source.lines().collect();
         for (i, line) in lines.iter().enumerate() {
@@ -376,6 +382,79 @@ fn every_entry_point_is_documented() {
                     i + 1
                 );
             }
+        }
+    }
+}
+
+#[test]
+fn adaptive_modules_validate_and_translate_for_every_backend() {
+    for pass in ADAPTIVE_MODULES {
+        let (module, info) = parse(&pass);
+        let mut found: Vec<&str> = module
+            .entry_points
+            .iter()
+            .map(|e| e.name.as_str())
+            .collect();
+        let mut listed = pass.entry_points.to_vec();
+        found.sort();
+        listed.sort();
+        assert_eq!(found, listed, "{}: entry points", pass.name);
+        for &entry in pass.entry_points {
+            let what = format!("{} / {entry}", pass.name);
+            let (module, info) = naga::back::pipeline_constants::process_overrides(
+                &module,
+                &info,
+                Some((naga::ShaderStage::Compute, entry)),
+                &Default::default(),
+            )
+            .unwrap_or_else(|e| panic!("{what}: overrides: {e}"));
+            let spv_pipeline = spv::PipelineOptions {
+                shader_stage: naga::ShaderStage::Compute,
+                entry_point: entry.to_string(),
+            };
+            spv::write_vec(
+                &module,
+                &info,
+                &spv::Options::default(),
+                Some(&spv_pipeline),
+            )
+            .unwrap_or_else(|e| panic!("{what}: SPIR-V: {e}"));
+            let msl_pipeline = msl::PipelineOptions {
+                entry_point: Some((naga::ShaderStage::Compute, entry.to_string())),
+                ..Default::default()
+            };
+            msl::write_string(&module, &info, &msl::Options::default(), &msl_pipeline)
+                .unwrap_or_else(|e| panic!("{what}: MSL: {e}"));
+            let hlsl_pipeline = hlsl::PipelineOptions {
+                entry_point: Some((naga::ShaderStage::Compute, entry.to_string())),
+            };
+            let mut hlsl_out = String::new();
+            hlsl::Writer::new(&mut hlsl_out, &hlsl::Options::default(), &hlsl_pipeline)
+                .write(&module, &info, None)
+                .unwrap_or_else(|e| panic!("{what}: HLSL: {e}"));
+            let glsl_options = glsl::Options {
+                version: glsl::Version::Embedded {
+                    version: 310,
+                    is_webgl: false,
+                },
+                ..Default::default()
+            };
+            let glsl_pipeline = glsl::PipelineOptions {
+                shader_stage: naga::ShaderStage::Compute,
+                entry_point: entry.to_string(),
+                multiview: None,
+            };
+            let mut glsl_out = String::new();
+            glsl::Writer::new(
+                &mut glsl_out,
+                &module,
+                &info,
+                &glsl_options,
+                &glsl_pipeline,
+                naga::proc::BoundsCheckPolicies::default(),
+            )
+            .and_then(|mut w| w.write())
+            .unwrap_or_else(|e| panic!("{what}: GLSL: {e}"));
         }
     }
 }
