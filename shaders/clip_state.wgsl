@@ -22,7 +22,7 @@ struct ClipState {
     coef_mant: f32,      // the factor exactly: coef_mant * 2^coef_exp, coef_mant in [1, 2), 0 or NaN
     coef_exp: i32,
     flags: u32,          // gradclip's CFG_* bits of that step
-    _pad: u32,
+    max_norm: f32,       // the threshold it clipped to (an adaptive clip's, set on the GPU)
 }
 
 // sign | r * 2^k for r in [1, 4): exact where the result is a normal f32,

@@ -261,6 +261,7 @@ fn finish(q: Partial, kind: u32, per_tensor_clips: bool) {
     var st = stats.state; // keeps loss_scale and growth_tracker
     st.step = cfg.step;
     st.flags = cfg.flags;
+    st.max_norm = cfg.max_norm;
     if !valid_partial(q, kind) {
         // Garbage supplied by the caller: touch nothing, change no scale,
         // and say so (the report is Error::InvalidPartial).

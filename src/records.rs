@@ -99,7 +99,9 @@ pub struct ClipState {
     pub coef_exp: i32,
     /// The `CFG_*` bits of the clip that wrote this state.
     pub flags: u32,
-    pub _pad: u32,
+    /// The `max_norm` (TensorFlow's `clip_norm`) this clip used: for an
+    /// adaptive clip, the threshold its GPU pass chose.
+    pub max_norm: f32,
 }
 
 /// WGSL `LogEntry`: one step's state and total partial, as kept in the
@@ -218,7 +220,7 @@ pub fn layouts() -> Vec<RecordLayout> {
             coef_mant,
             coef_exp,
             flags,
-            _pad
+            max_norm
         }),
         record!(LogEntry { state, partial }),
         record!(ScalerConfig {

@@ -46,6 +46,11 @@ pub struct ClipReport {
     /// reduction can produce: nothing was changed (read_report returns
     /// [`Error::InvalidPartial`] for it).
     pub invalid_partial: bool,
+    /// The `max_norm` (TensorFlow: `clip_norm`) the clip used; for an
+    /// adaptive clip ([`crate::AdaptiveClip`]) the threshold its GPU pass
+    /// chose (`f32::MAX`: no clipping that step). The step clipped when
+    /// `coefficient != 1`.
+    pub max_norm: f32,
     /// The loss scale this clip divided the gradients by (1 if it did not unscale).
     pub unscaled_by: f32,
     /// The loss scale after this clip's GradScaler update: the one for the
@@ -136,6 +141,7 @@ fn to_report(read: &Read) -> ClipReport {
         nonfinite: state.nonfinite & (FLAG_INF | FLAG_NAN) != 0,
         found_inf: state.found_inf != 0,
         invalid_partial: state.nonfinite & FLAG_INVALID != 0,
+        max_norm: state.max_norm,
         unscaled_by: state.unscaled_by,
         loss_scale: state.loss_scale,
         growth_tracker: state.growth_tracker,

@@ -104,6 +104,15 @@ impl Run {
         g.queue.submit([encoder.finish()]);
         let decision = pollster::block_on(self.adaptive.read_decision()).unwrap();
         let report = pollster::block_on(self.set.read_report()).unwrap();
+        if !matches!(self.adaptive.method(), AdaptiveMethod::AdaGc(_)) {
+            // The clip's report carries the threshold it clipped to.
+            let want = if decision.threshold.is_finite() {
+                decision.threshold
+            } else {
+                f32::MAX
+            };
+            assert_eq!(report.max_norm, want, "{decision:?}");
+        }
         let after = download(&g.device, &g.queue, &self.buffer, data.len());
         assert_no_wgpu_errors();
         let step = GpuStep {

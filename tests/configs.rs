@@ -66,6 +66,11 @@ fn a_max_norm_schedule_decreasing_per_clip() {
     assert_eq!(taken.reports.len(), schedule.len());
     let mut previous = 5.0f64;
     for (r, &m) in taken.reports.iter().zip(&schedule) {
+        assert_eq!(
+            r.max_norm, m,
+            "step {}: the report names its own max_norm",
+            r.step
+        );
         assert!(
             (r.total_norm as f64 - previous).abs() <= 1e-5 * previous,
             "step {}: norm {} after a clip to {previous}",
