@@ -41,29 +41,41 @@ export async function createClipper(options) {
   return wasm.createClipper(options);
 }
 
-/** WGSL declaration of the record behind Gradients.coefficientBinding. */
-export const CLIP_STATE_WGSL = `\
-// gradclip's clip state (48 bytes at offset 0 of the coefficient binding).
-// Multiply the gradients by \`coefficient\` on load; skip the step when
-// \`nonfinite != 0u\` with errorIfNonfinite, or when \`found_inf != 0u\` after an
-// unscaling clip (\`coefficient\` is 1 then). \`loss_scale\` is the scale for the
-// next backward pass.
-struct ClipState {
-    total_norm: f32,
-    coefficient: f32,
-    nonfinite: u32,
-    scale_kind: u32,
-    dispatch: array<u32, 3>,
-    found_inf: u32,
-    loss_scale: f32,
-    unscaled_by: f32,
-    growth_tracker: u32,
-    _pad: u32,
-}
-`;
+/**
+ * gradclip's WGSL for your own shaders: `struct ClipState` (the record behind
+ * Gradients.coefficientBinding) and `clip_apply(g, clip)`, which multiplies a
+ * gradient exactly as gradclip's scale pass does. build.sh writes it from the
+ * core's shaders/clip_state.wgsl; a browser test checks it is the text the
+ * wasm module was built with.
+ */
+export { CLIP_STATE_WGSL } from "../wasm/clip_state.js";
 
 /** Byte size of the ClipState record. */
-export const CLIP_STATE_BYTES = 48;
+export const CLIP_STATE_BYTES = 64;
+
+/** Reports the GPU keeps between reads: read at least this often to lose none. */
+export const REPORT_LOG_LENGTH = 64;
+
+/**
+ * The partial of every shard together: `partials` are the 16-byte
+ * `partial`s of `readPartial()` (or of reports), all of one norm order.
+ */
+export async function combinePartials(partials, norm) {
+  await load();
+  return wasm.combinePartials(partials, norm);
+}
+
+/** The norm a partial stands for, computed in float64. */
+export async function partialTotalNorm(partial, norm) {
+  await load();
+  return wasm.partialTotalNorm(partial, norm);
+}
+
+/** The wasm module's own exports, for the package's tests. @internal */
+export async function internals() {
+  await load();
+  return wasm;
+}
 
 /**
  * The bind-group-layout entry of the coefficient binding: a read-only

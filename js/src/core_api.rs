@@ -1,15 +1,7 @@
-//! Every call into the gradclip core, behind types of this crate.
-//!
-//! The core's API is changing (v2: reports no longer copied per step,
-//! `poll_reports`, `Reports { reports, dropped }`, `gradclip::wgsl::CLIP_STATE`).
-//! Nothing else in this crate names a `gradclip::` item, so the switch
-//! touches this file only. Until then `dropped` is counted here from the
-//! gaps in the step numbers, and the ClipState declaration is kept here,
-//! checked against the core's record layout by the unit test below.
+//! Every call into the gradclip core, behind types of this crate: the one
+//! module to change when the core's API changes.
 
-use std::cell::Cell;
-
-use gradclip::{ClipNorm, Clipper, GradLayout, GradSet, GradType, LossScaler, Norm};
+use gradclip::{ClipNorm, Clipper, GradLayout, GradSet, GradType, LossScaler, Norm, NormPartial};
 
 use crate::layout::{Dtype, Placement};
 
@@ -32,20 +24,18 @@ fn from_core(e: gradclip::Error) -> CoreError {
         E::LayoutOverflow => "LAYOUT_OVERFLOW",
         E::Unsupported(_) => "UNSUPPORTED",
         E::InvalidLossScaler(_) => "INVALID_LOSS_SCALER",
+        E::InvalidPartial(_) => "INVALID_PARTIAL",
         E::TooLarge { .. } => "TOO_LARGE",
         E::UnsupportedDevice { .. } => "UNSUPPORTED_DEVICE",
         E::NonFinite { .. } => "NON_FINITE",
         E::NoReport => "NO_REPORT",
         E::NotSubmitted => "NOT_SUBMITTED",
         E::Readback(_) => "READBACK",
+        E::DeviceLost(_) => "DEVICE_LOST",
+        E::BufferDestroyed { .. } => "DESTROYED",
         E::Wgpu(_) => "GPU_ERROR",
-        // The package makes the buffer and the ranges itself: these would
-        // be bugs here, not misuse.
-        E::OverlappingTensors { .. }
-        | E::MisalignedTensor { .. }
-        | E::RangeMismatch { .. }
-        | E::LayoutExceedsBuffer { .. }
-        | E::MissingUsage { .. } => "INTERNAL",
+        // The package makes the buffer, its usages and the ranges itself,
+        // and never maps it: these would be bugs here, not misuse.
         _ => "INTERNAL",
     };
     CoreError {
@@ -54,31 +44,16 @@ fn from_core(e: gradclip::Error) -> CoreError {
     }
 }
 
-/// The WGSL declaration of the clip state that
-/// [`Bound::coefficient_binding`] points at (48 bytes), for a JavaScript
-/// optimizer shader to paste and bind as `var<storage, read>`.
-pub const CLIP_STATE_WGSL: &str = "\
-// gradclip's clip state (48 bytes at offset 0 of the coefficient binding).
-// Multiply the gradients by `coefficient` on load; skip the step when
-// `nonfinite != 0u` with errorIfNonfinite, or when `found_inf != 0u` after an
-// unscaling clip (`coefficient` is 1 then). `loss_scale` is the scale for the
-// next backward pass.
-struct ClipState {
-    total_norm: f32,
-    coefficient: f32,
-    nonfinite: u32,
-    scale_kind: u32,
-    dispatch: array<u32, 3>,
-    found_inf: u32,
-    loss_scale: f32,
-    unscaled_by: f32,
-    growth_tracker: u32,
-    _pad: u32,
-}
-";
+/// The WGSL of the record behind [`Bound::coefficient_binding`]: the core's
+/// own `struct ClipState` and `clip_apply(g, clip)`, verbatim.
+pub const CLIP_STATE_WGSL: &str = gradclip::wgsl::CLIP_STATE;
 
 /// Byte size of the ClipState record.
-pub const CLIP_STATE_BYTES: u64 = 48;
+pub const CLIP_STATE_BYTES: u64 = size_of::<gradclip::records::ClipState>() as u64;
+
+/// Reports the core keeps on the GPU between reads: reading at least this
+/// often loses none.
+pub const REPORT_LOG_LEN: u64 = gradclip::records::LOG_LEN;
 
 /// The order of a norm.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -87,6 +62,17 @@ pub enum NormOrder {
     L2,
     Inf,
     P(f32),
+}
+
+impl NormOrder {
+    fn to_core(self) -> Norm {
+        match self {
+            NormOrder::L1 => Norm::L1,
+            NormOrder::L2 => Norm::L2,
+            NormOrder::Inf => Norm::Inf,
+            NormOrder::P(p) => Norm::P(p),
+        }
+    }
 }
 
 /// One norm clip (or norm measurement), as the options describe it.
@@ -108,16 +94,11 @@ impl ClipSpec {
         } else {
             ClipNorm::new(self.max_norm)
         };
-        clip.norm(match self.norm {
-            NormOrder::L1 => Norm::L1,
-            NormOrder::L2 => Norm::L2,
-            NormOrder::Inf => Norm::Inf,
-            NormOrder::P(p) => Norm::P(p),
-        })
-        .error_if_nonfinite(self.error_if_nonfinite)
-        .per_tensor(self.per_tensor)
-        .tensor_norms(self.tensor_norms)
-        .unscale(self.unscale)
+        clip.norm(self.norm.to_core())
+            .error_if_nonfinite(self.error_if_nonfinite)
+            .per_tensor(self.per_tensor)
+            .tensor_norms(self.tensor_norms)
+            .unscale(self.unscale)
     }
 }
 
@@ -130,6 +111,29 @@ pub struct ScalerSpec {
     pub growth_interval: Option<u32>,
 }
 
+/// A shard's 16-byte share of a norm, checked to be bits a reduction can make.
+pub fn partial_from_bytes(bytes: [u8; 16]) -> Result<NormPartial> {
+    NormPartial::from_bytes(bytes).map_err(from_core)
+}
+
+/// The partial of all `parts` (an all-reduce done on the host).
+pub fn combine_partials(parts: &[[u8; 16]], norm: NormOrder) -> Result<[u8; 16]> {
+    let parts = parts
+        .iter()
+        .map(|b| partial_from_bytes(*b))
+        .collect::<Result<Vec<_>>>()?;
+    NormPartial::combine(&parts, norm.to_core())
+        .map(|p| p.to_bytes())
+        .map_err(from_core)
+}
+
+/// The norm a partial stands for, in float64.
+pub fn partial_total_norm(bytes: [u8; 16], norm: NormOrder) -> Result<f64> {
+    partial_from_bytes(bytes)?
+        .total_norm(norm.to_core())
+        .map_err(from_core)
+}
+
 /// What one norm clip found and did.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Report {
@@ -138,9 +142,11 @@ pub struct Report {
     pub coefficient: f32,
     pub nonfinite: bool,
     pub found_inf: bool,
+    pub invalid_partial: bool,
     pub unscaled_by: f32,
     pub loss_scale: f32,
     pub growth_tracker: u32,
+    pub partial: [u8; 16],
     pub tensor_norms: Vec<f32>,
     pub tensor_coefficients: Vec<f32>,
 }
@@ -153,21 +159,34 @@ impl From<gradclip::ClipReport> for Report {
             coefficient: r.coefficient,
             nonfinite: r.nonfinite,
             found_inf: r.found_inf,
+            invalid_partial: r.invalid_partial,
             unscaled_by: r.unscaled_by,
             loss_scale: r.loss_scale,
             growth_tracker: r.growth_tracker,
+            partial: r.partial.to_bytes(),
             tensor_norms: r.tensor_norms,
             tensor_coefficients: r.tensor_coefficients,
         }
     }
 }
 
-/// Every report that came back since the last take, and how many steps'
-/// reports can no longer come (overwritten before anyone took them).
+/// Reports collected by a read: every report since the previous collection,
+/// oldest first, and how many steps' reports are lost.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Reports {
     pub reports: Vec<Report>,
     pub dropped: u64,
+    pub tensor_norms_missed: u64,
+}
+
+impl From<gradclip::Reports> for Reports {
+    fn from(r: gradclip::Reports) -> Self {
+        Reports {
+            reports: r.reports.into_iter().map(Report::from).collect(),
+            dropped: r.dropped,
+            tensor_norms_missed: r.tensor_norms_missed,
+        }
+    }
 }
 
 /// The clipper of one device.
@@ -239,18 +258,13 @@ impl Engine {
             .clipper
             .bind_ranges_as(&layout, &ranges)
             .map_err(from_core)?;
-        Ok(Bound {
-            set,
-            delivered: Cell::new(0),
-        })
+        Ok(Bound { set })
     }
 }
 
 /// A bound gradient buffer.
 pub struct Bound {
     set: GradSet,
-    /// The newest step whose report was taken, to count the dropped ones.
-    delivered: Cell<u64>,
 }
 
 impl Bound {
@@ -266,8 +280,27 @@ impl Bound {
             .map_err(from_core)
     }
 
+    /// Clips with a norm combined elsewhere (other shards' partials and
+    /// this one's): the bytes are checked before anything is recorded.
+    pub fn clip_with_partial(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        spec: &ClipSpec,
+        partial: [u8; 16],
+    ) -> Result<()> {
+        let partial = partial_from_bytes(partial)?;
+        self.set
+            .clip_with_partial(encoder, &spec.to_core(), &partial)
+            .map_err(from_core)
+    }
+
     pub fn clip_value(&self, encoder: &mut wgpu::CommandEncoder, min: f32, max: f32) -> Result<()> {
         self.set.clip_value(encoder, min, max).map_err(from_core)
+    }
+
+    /// Norm clips recorded so far: the step number of the latest.
+    pub fn steps_recorded(&self) -> u64 {
+        self.set.steps_recorded()
     }
 
     /// A `queue.write_buffer`: lands before the next submission.
@@ -288,21 +321,23 @@ impl Bound {
         self.set.set_loss_scaler(&scaler).map_err(from_core)
     }
 
-    /// Every report back since the last call, oldest first; waits for the
-    /// work submitted so far (today's core; v2 polls).
+    /// The reports whose readback is back, without waiting; starts a read
+    /// of the steps since the last one for a later call.
+    pub fn poll_reports(&self) -> Result<Reports> {
+        self.set
+            .poll_reports()
+            .map(Reports::from)
+            .map_err(from_core)
+    }
+
+    /// Every report since the last collection, once a copy of the log
+    /// submitted now is back (later submissions are not waited for).
     pub async fn take_reports(&self) -> Result<Reports> {
-        let taken = self.set.take_reports().await.map_err(from_core)?;
-        let mut dropped = 0;
-        let mut last = self.delivered.get();
-        for r in &taken {
-            dropped += r.step.saturating_sub(last + 1);
-            last = last.max(r.step);
-        }
-        self.delivered.set(last);
-        Ok(Reports {
-            reports: taken.into_iter().map(Report::from).collect(),
-            dropped,
-        })
+        self.set
+            .take_reports()
+            .await
+            .map(Reports::from)
+            .map_err(from_core)
     }
 
     /// The report of the latest submitted norm clip.
@@ -312,6 +347,19 @@ impl Bound {
             .await
             .map(Report::from)
             .map_err(from_core)
+    }
+
+    /// The step and 16-byte partial of the latest norm clip; the copy is
+    /// submitted when this is called.
+    pub fn read_partial(
+        &self,
+    ) -> impl core::future::Future<Output = Result<(u64, [u8; 16])>> + '_ {
+        let read = self.set.read_partial();
+        async move {
+            read.await
+                .map(|(step, p)| (step, p.to_bytes()))
+                .map_err(from_core)
+        }
     }
 
     /// The buffer, offset and size of the ClipState record.
@@ -329,33 +377,6 @@ impl Bound {
 mod tests {
     use super::*;
 
-    /// The exported declaration has the core's ClipState layout, member by member.
-    #[test]
-    fn clip_state_wgsl_matches_the_core_record() {
-        let module = naga::front::wgsl::parse_str(CLIP_STATE_WGSL).expect("valid WGSL");
-        let mut layouter = naga::proc::Layouter::default();
-        layouter.update(module.to_ctx()).unwrap();
-        let (handle, ty) = module
-            .types
-            .iter()
-            .find(|(_, t)| t.name.as_deref() == Some("ClipState"))
-            .expect("struct ClipState");
-        let naga::TypeInner::Struct { members, span } = &ty.inner else {
-            panic!("ClipState is not a struct");
-        };
-        let (_, size, fields) = gradclip::records::layouts()
-            .into_iter()
-            .find(|(name, _, _)| *name == "ClipState")
-            .expect("the core has a ClipState record");
-        assert_eq!(*span as usize, size);
-        assert_eq!(layouter[handle].size as u64, CLIP_STATE_BYTES);
-        let ours: Vec<(&str, usize)> = members
-            .iter()
-            .map(|m| (m.name.as_deref().unwrap(), m.offset as usize))
-            .collect();
-        assert_eq!(ours, fields);
-    }
-
     #[test]
     fn core_errors_get_stable_codes() {
         let e = from_core(gradclip::Error::InvalidMaxNorm(-1.0));
@@ -368,6 +389,10 @@ mod tests {
             })
             .code,
             "NON_FINITE"
+        );
+        assert_eq!(
+            from_core(gradclip::Error::InvalidPartial("x")).code,
+            "INVALID_PARTIAL"
         );
     }
 
@@ -388,5 +413,32 @@ mod tests {
         assert_eq!(c.semantics(), gradclip::Semantics::TensorFlow);
         assert!(c.errors_if_nonfinite() && c.reports_tensor_norms() && c.unscales());
         assert!(!c.is_per_tensor());
+    }
+
+    #[test]
+    fn the_exported_clip_state_is_the_core_record() {
+        assert_eq!(CLIP_STATE_BYTES, 64);
+        assert!(CLIP_STATE_WGSL.contains("struct ClipState"));
+        assert!(CLIP_STATE_WGSL.contains("fn clip_apply("));
+    }
+
+    #[test]
+    fn partials_combine_and_reject_garbage() {
+        // Two L2 shards of norms 3 and 4: the combined norm is 5.
+        let shard = |v: f32| {
+            let mut b = [0u8; 16];
+            b[4..8].copy_from_slice(&(v * v).to_le_bytes());
+            b
+        };
+        let (a, b) = (shard(3.0), shard(4.0));
+        let combined = combine_partials(&[a, b], NormOrder::L2).unwrap();
+        let norm = partial_total_norm(combined, NormOrder::L2).unwrap();
+        assert!((norm - 5.0).abs() < 1e-6, "{norm}");
+        let mut bad = [0u8; 16];
+        bad[12] = 0x40;
+        assert_eq!(
+            partial_from_bytes(bad).unwrap_err().code,
+            "INVALID_PARTIAL"
+        );
     }
 }

@@ -2,10 +2,12 @@
 //! bound to gradclip; every clip is recorded and submitted on the shared
 //! queue when it is called.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
+use std::future::Future;
 use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
 
-use js_sys::{Array, Promise};
+use js_sys::{Array, Promise, Uint8Array};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{future_to_promise, spawn_local};
 
@@ -13,7 +15,7 @@ use super::clipper::{tensor_fields, Shared};
 use super::errors::{destroyed, error, invalid_options};
 use super::js::{numbers, object};
 use super::options;
-use crate::core_api::{self, Bound, Report};
+use crate::core_api::{self, Bound, Report, Reports};
 use crate::layout::Placement;
 
 struct State {
@@ -26,8 +28,6 @@ struct State {
     names: Option<Vec<String>>,
     /// `None` after `destroy()`. Pending report promises hold their own `Rc`.
     bound: RefCell<Option<Rc<Bound>>>,
-    /// Norm clips recorded, = the step number of the latest report.
-    steps: Cell<u64>,
     /// The first WebGPU validation error of a submission of ours, thrown
     /// by the next call.
     gpu_error: Rc<RefCell<Option<String>>>,
@@ -74,7 +74,6 @@ impl JsGradients {
                 placement,
                 names,
                 bound: RefCell::new(Some(Rc::new(bound))),
-                steps: Cell::new(0),
                 gpu_error: Rc::new(RefCell::new(None)),
             }),
         })
@@ -92,11 +91,21 @@ impl State {
             .ok_or_else(|| destroyed("Gradients"))
     }
 
-    /// Counts a recorded norm clip; its report carries this step number.
-    fn next_step(&self) -> f64 {
-        let step = self.steps.get() + 1;
-        self.steps.set(step);
-        step as f64
+    /// The step number of the latest recorded norm clip (its report's).
+    fn step(&self) -> Result<f64, JsValue> {
+        Ok(self.bound()?.steps_recorded() as f64)
+    }
+
+    fn reports(&self, taken: &Reports) -> JsValue {
+        let reports: Array = taken.reports.iter().map(|r| self.report(r)).collect();
+        object(&[
+            ("reports", reports.into()),
+            ("dropped", (taken.dropped as f64).into()),
+            (
+                "tensorNormsMissed",
+                (taken.tensor_norms_missed as f64).into(),
+            ),
+        ])
     }
 
     fn check_gpu_error(&self) -> Result<(), JsValue> {
@@ -142,9 +151,11 @@ impl State {
             ("coefficient", (r.coefficient as f64).into()),
             ("nonfinite", r.nonfinite.into()),
             ("foundInf", r.found_inf.into()),
+            ("invalidPartial", r.invalid_partial.into()),
             ("unscaledBy", (r.unscaled_by as f64).into()),
             ("lossScale", (r.loss_scale as f64).into()),
             ("growthTracker", r.growth_tracker.into()),
+            ("partial", Uint8Array::from(&r.partial[..]).into()),
             ("tensorNorms", numbers(r.tensor_norms.iter().copied())),
             (
                 "tensorCoefficients",
@@ -254,7 +265,7 @@ impl JsGradients {
         let spec = options::norm("clipNorm", options, None)?;
         self.state
             .submit("gradclip clipNorm", |b, e| b.clip_norm(e, &spec))?;
-        Ok(self.state.next_step())
+        self.state.step()
     }
 
     /// Records and submits the norm and coefficient without scaling;
@@ -264,7 +275,49 @@ impl JsGradients {
         let spec = options::norm("recordNorm", options, Some(f32::MAX))?;
         self.state
             .submit("gradclip recordNorm", |b, e| b.record_norm(e, &spec))?;
-        Ok(self.state.next_step())
+        self.state.step()
+    }
+
+    /// Records and submits a norm clip with a norm combined elsewhere: the
+    /// 16-byte partial of every shard together (`combinePartials` of each
+    /// shard's `readPartial`); returns its step number.
+    #[wasm_bindgen(js_name = clipWithPartial)]
+    pub fn clip_with_partial(&self, options: JsValue, partial: JsValue) -> Result<f64, JsValue> {
+        let spec = options::norm("clipWithPartial", options, None)?;
+        let bytes = options::partial_bytes("clipWithPartial", &partial)?;
+        self.state.submit("gradclip clipWithPartial", |b, e| {
+            b.clip_with_partial(e, &spec, bytes)
+        })?;
+        self.state.step()
+    }
+
+    /// Resolves to `{ step, partial }`: the latest norm clip's 16-byte
+    /// share of the norm. The copy is submitted when this is called.
+    #[wasm_bindgen(js_name = readPartial, unchecked_return_type = "Promise<{ step: number, partial: Uint8Array }>")]
+    pub fn read_partial(&self) -> Promise {
+        let state = self.state.clone();
+        let bound = match state.bound() {
+            Ok(bound) => bound,
+            Err(e) => return Promise::reject(&e),
+        };
+        // The core submits the copy when `read_partial` is called, which an
+        // async block does on its first poll: poll it once now, so that the
+        // copy goes ahead of whatever the caller submits next.
+        let mut read = Box::pin(async move { bound.read_partial().await });
+        let first = read
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()));
+        future_to_promise(async move {
+            let (step, partial) = match first {
+                Poll::Ready(result) => result?,
+                Poll::Pending => read.await?,
+            };
+            state.check_gpu_error()?;
+            Ok(object(&[
+                ("step", (step as f64).into()),
+                ("partial", Uint8Array::from(&partial[..]).into()),
+            ]))
+        })
     }
 
     /// Records and submits value clipping (every element clamped).
@@ -283,8 +336,20 @@ impl JsGradients {
         Ok(())
     }
 
-    /// Resolves to `{ reports, dropped }`: every report that came back since
-    /// the last call, oldest first, once the work submitted so far is done.
+    /// `{ reports, dropped, tensorNormsMissed }` of the reports whose
+    /// readback came back, now, without waiting; starts a readback of the
+    /// steps submitted since the last one, for a later call.
+    #[wasm_bindgen(js_name = pollReports, unchecked_return_type = "Reports")]
+    pub fn poll_reports(&self) -> Result<JsValue, JsValue> {
+        let bound = self.state.bound()?;
+        let taken = bound.poll_reports()?;
+        self.state.check_gpu_error()?;
+        Ok(self.state.reports(&taken))
+    }
+
+    /// Resolves to `{ reports, dropped, tensorNormsMissed }`: every report
+    /// since the last collection, once a copy of the report log submitted
+    /// now is back. Later submissions go on meanwhile.
     #[wasm_bindgen(unchecked_return_type = "Promise<Reports>")]
     pub fn reports(&self) -> Promise {
         let state = self.state.clone();
@@ -292,11 +357,7 @@ impl JsGradients {
             let bound = state.bound()?;
             let taken = bound.take_reports().await?;
             state.check_gpu_error()?;
-            let reports: Array = taken.reports.iter().map(|r| state.report(r)).collect();
-            Ok(object(&[
-                ("reports", reports.into()),
-                ("dropped", (taken.dropped as f64).into()),
-            ]))
+            Ok(state.reports(&taken))
         })
     }
 

@@ -5,7 +5,7 @@
 
 use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
-use wasm_bindgen::JsValue;
+use wasm_bindgen::{JsCast, JsValue};
 
 use super::errors::invalid_options;
 use crate::core_api::{ClipSpec, NormOrder, ScalerSpec};
@@ -296,4 +296,21 @@ pub fn scaler(value: JsValue) -> Result<ScalerSpec, JsValue> {
         backoff_factor: o.backoff_factor,
         growth_interval: o.growth_interval,
     })
+}
+
+/// A partial: a `Uint8Array` (or any array-like of bytes) of length 16.
+pub fn partial_bytes(method: &str, value: &JsValue) -> Result<[u8; 16], JsValue> {
+    let bytes: Option<Vec<u8>> = if value.is_instance_of::<js_sys::Uint8Array>() {
+        Some(js_sys::Uint8Array::from(value.clone()).to_vec())
+    } else {
+        None
+    };
+    bytes
+        .and_then(|b| <[u8; 16]>::try_from(b).ok())
+        .ok_or_else(|| invalid_options(method, "a partial is a Uint8Array of 16 bytes"))
+}
+
+/// The `norm` of `combinePartials` and `partialTotalNorm` (default 2).
+pub fn norm_only(method: &str, norm: &JsValue) -> Result<NormOrder, JsValue> {
+    norm_order(method, norm)
 }
