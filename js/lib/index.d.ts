@@ -22,9 +22,12 @@
  *   call {@link Gradients.clipNorm}, then submit the optimizer step that reads
  *   them (or {@link Gradients.coefficientBinding}). A backward pass still
  *   sitting in an unsubmitted encoder when you call `clipNorm` is not seen.
- * - **Nothing blocks.** Reports come back through `mapAsync`; await
- *   {@link Gradients.reports} or {@link Gradients.latestReport} when you want
- *   them, or never.
+ * - **Nothing blocks.** Every clip's report goes into a log of the last
+ *   {@link REPORT_LOG_LENGTH} steps on the GPU; nothing is copied back per
+ *   step. {@link Gradients.pollReports} returns the reports whose readback
+ *   is back and starts the next one (call it once per step: it never waits);
+ *   {@link Gradients.reports} and {@link Gradients.latestReport} resolve once
+ *   a copy submitted at call time is back, while you go on submitting steps.
  * - **Errors.** Misuse throws (or rejects with) a {@link GradclipError} with a
  *   `code`, before anything is recorded. WebGPU errors in the package's own
  *   submissions are caught in error scopes and reported as `GPU_VALIDATION`
@@ -67,6 +70,10 @@ export type ErrorCode =
   | "UNSUPPORTED"
   /** `tensorBinding` was given an index or name the layout does not have. */
   | "UNKNOWN_TENSOR"
+  /** A partial's 16 bytes are no reduction's (`clipWithPartial`, `combinePartials`, `partialTotalNorm`). */
+  | "INVALID_PARTIAL"
+  /** The device was lost or destroyed. */
+  | "DEVICE_LOST"
   /** `latestReport` of a clip made with `errorIfNonfinite` whose norm was NaN or infinite: the gradients were left untouched. */
   | "NON_FINITE"
   /** `latestReport` before any norm clip was recorded. */
@@ -255,12 +262,16 @@ export interface ClipReport {
   nonfinite: boolean;
   /** An unscaling clip found an inf or NaN: skip the step. */
   foundInf: boolean;
+  /** The partial given to `clipWithPartial` was invalid: nothing changed. */
+  invalidPartial: boolean;
   /** The loss scale this clip divided by (1 if it did not unscale). */
   unscaledBy: number;
   /** The loss scale for the next backward pass. */
   lossScale: number;
   /** Finite steps in a row since the loss scale last changed. */
   growthTracker: number;
+  /** This set's 16-byte share of the norm, to combine with other shards' ({@link combinePartials}). */
+  partial: Uint8Array;
   /** Each tensor's norm, with `tensorNorms` or `perTensor`; else empty. */
   tensorNorms: number[];
   /** Each tensor's coefficient, alongside `tensorNorms`. */
@@ -269,12 +280,18 @@ export interface ClipReport {
   namedNorms?: Record<string, number>;
 }
 
-/** What {@link Gradients.reports} resolves to. */
+/** What {@link Gradients.reports} resolves to and {@link Gradients.pollReports} returns. */
 export interface Reports {
-  /** Every report back since the last call, oldest first. */
+  /** Every report collected since the last collection, oldest first. */
   reports: ClipReport[];
-  /** Steps whose report can no longer come (more than 16 in flight unread). */
+  /**
+   * Steps since the last collection whose report can no longer come: more
+   * than {@link REPORT_LOG_LENGTH} steps were submitted between two reads,
+   * or their submission was rejected.
+   */
   dropped: number;
+  /** Of `reports`, those that asked for tensor norms but come without them (a later such clip replaced them before a read). */
+  tensorNormsMissed: number;
 }
 
 /** A gradient buffer made by the package for a layout, bound to gradclip. */
@@ -318,6 +335,24 @@ export interface Gradients {
    */
   recordNorm(options?: ClipNormOptions): number;
   /**
+   * Records and submits a norm clip by a norm combined elsewhere: `partial`
+   * is {@link combinePartials} of every shard's {@link readPartial} (this
+   * one's included). Checked before anything is recorded.
+   *
+   * @returns The step number.
+   * @throws {GradclipError} `INVALID_PARTIAL`, `INVALID_OPTIONS` (not 16
+   *   bytes), `INVALID_MAX_NORM`, `INVALID_NORM_ORDER`, `DESTROYED`.
+   */
+  clipWithPartial(options: ClipNormOptions, partial: Uint8Array): number;
+  /**
+   * The latest norm clip's step and 16-byte partial (its share of the
+   * norm). The copy is submitted when you call this, so submit other work
+   * before awaiting it.
+   *
+   * @throws {GradclipError} `NO_REPORT`, `NOT_SUBMITTED`, `READBACK`, `DESTROYED`.
+   */
+  readPartial(): Promise<{ step: number; partial: Uint8Array }>;
+  /**
    * Clamps every element to `[min, max]` in place (NaN stays NaN), and
    * submits it now. Makes no report.
    *
@@ -332,8 +367,18 @@ export interface Gradients {
    */
   setLossScaler(options: LossScalerOptions): void;
   /**
-   * Every report that came back since the last call, oldest first. Resolves
-   * once the work submitted so far has finished; never blocks the page.
+   * The reports whose readback is back, now, without waiting; starts a
+   * readback of the steps submitted since the last one, collected by a later
+   * call (after an `await`: readbacks come back through the event loop).
+   * Call it once per step and no report is lost, and no step waits.
+   *
+   * @throws {GradclipError} `READBACK`, `GPU_VALIDATION`, `DESTROYED`.
+   */
+  pollReports(): Reports;
+  /**
+   * Every report since the last collection (this or {@link pollReports}),
+   * oldest first, once a copy of the report log submitted now is back; the
+   * steps you submit meanwhile are not waited for.
    *
    * @throws {GradclipError} `READBACK`, `GPU_VALIDATION`, `DESTROYED`.
    */
@@ -350,18 +395,44 @@ export interface Gradients {
 }
 
 /**
- * WGSL declaration of `struct ClipState`, the record behind
- * {@link Gradients.coefficientBinding}. Paste it into an optimizer shader:
+ * gradclip's own WGSL for your shaders: `struct ClipState` (the record behind
+ * {@link Gradients.coefficientBinding}) and `clip_apply(g: f32, clip:
+ * ClipState) -> f32`, which multiplies a gradient exactly as gradclip's
+ * scale pass does (factors below the normal range, NaN/inf rules included).
+ * Prepend it to an optimizer shader:
  *
- * ```wgsl
+ * ```js
+ * const code = CLIP_STATE_WGSL + `
  * @group(0) @binding(3) var<storage, read> clip: ClipState;
- * // ... p[i] -= lr * clip.coefficient * g[i];
+ * // ... p[i] -= lr * clip_apply(g[i], clip);`;
  * ```
  */
 export const CLIP_STATE_WGSL: string;
 
-/** Byte size of the ClipState record (48). */
+/** Byte size of the ClipState record (64). */
 export const CLIP_STATE_BYTES: number;
+
+/** Steps whose reports the GPU keeps between reads (64). */
+export const REPORT_LOG_LENGTH: number;
+
+/**
+ * The partial of several shards' partials (all of one norm order): an
+ * all-reduce on the host. Loads the wasm module if needed.
+ *
+ * @param norm The norm order, as in {@link ClipNormOptions.norm} (default 2).
+ * @throws {GradclipError} `INVALID_PARTIAL`, `INVALID_OPTIONS`, `INVALID_NORM_ORDER`.
+ */
+export function combinePartials(partials: Uint8Array[], norm?: number | "inf"): Promise<Uint8Array>;
+
+/**
+ * The norm a partial stands for, in float64.
+ *
+ * @throws {GradclipError} `INVALID_PARTIAL`, `INVALID_OPTIONS`, `INVALID_NORM_ORDER`.
+ */
+export function partialTotalNorm(partial: Uint8Array, norm?: number | "inf"): Promise<number>;
+
+/** The wasm module's raw exports (for the package's own tests). @internal */
+export function internals(): Promise<Record<string, unknown>>;
 
 /**
  * The `GPUBindGroupLayoutEntry` of the coefficient binding: a read-only
