@@ -23,6 +23,7 @@ const state = (window.demoState = {
 
 function fail(e) {
   console.error(e);
+  if (state.error) return; // the first error is the one to show
   state.error = `${e?.name ?? "Error"}: ${e?.message ?? e}${e?.code ? ` [${e.code}]` : ""}`;
   $("status").textContent = state.error;
   state.running = false;
@@ -57,6 +58,7 @@ async function main() {
   const alphabet = [...new Set(text)].sort();
   const index = new Map(alphabet.map((c, i) => [c, i]));
   const tokens = Uint32Array.from(text, (c) => index.get(c));
+  state.vocabulary = alphabet.length;
   const s = rnn.shapes({ V: alphabet.length, H: +q.get("hidden") || 128, T: +q.get("seq") || 32, B: +q.get("batch") || 32 });
   $("model").textContent = `tanh RNN, ${s.H} hidden units, ${s.P.toLocaleString()} parameters; ${alphabet.length} characters, ${text.length.toLocaleString()} of text; batches of ${s.B} × ${s.T} characters`;
 
@@ -109,7 +111,7 @@ async function main() {
       name, clipped, grads, params, history, sampleOut,
       historyRead: device.createBuffer({ label: `${name} loss readback`, size: rnn.HISTORY * 4, usage: usage.MAP_READ | usage.COPY_DST }),
       sampleRead: device.createBuffer({ label: `${name} sample readback`, size: rnn.SAMPLE_CHARS * 4, usage: usage.MAP_READ | usage.COPY_DST }),
-      historyBusy: false, sampleBusy: false, historyUpTo: 0,
+      historyBusy: false, sampleBusy: false, historyUpTo: 0, reportOffset: 0,
       norms: new Map(), losses: new Map(),
       groups: {
         train: bind(pipes.train, `${name} train`, [params, textBuf, stepUniform, perSeq, hs, dys, losses]),
@@ -141,7 +143,7 @@ async function main() {
       run.norms.clear();
       run.losses.clear();
       run.historyUpTo = 0;
-      run.grads.pollReports(); // drop what is in flight of the old run
+      run.reportOffset = Infinity; // until the first step of the new run
       Object.assign(state.runs[run.name], { losses: [], norms: [], samples: [] });
       $(`${run.name}-text`).textContent = "";
       $(`${run.name}-status`).textContent = "";
@@ -164,8 +166,10 @@ async function main() {
       device.queue.submit([enc.finish()]);
       // The clipped run's SGD multiplies by the factor this leaves in the
       // clip state; the other run only gets its norm measured.
-      if (run.clipped) run.grads.recordNorm({ maxNorm: slider.maxNorm() });
-      else run.grads.recordNorm();
+      const reportStep = run.clipped ? run.grads.recordNorm({ maxNorm: slider.maxNorm() }) : run.grads.recordNorm();
+      // gradclip numbers the reports of these gradients since their
+      // creation; the page counts from the last Reset.
+      if (step === 1) run.reportOffset = reportStep - 1;
       const sgd = device.createCommandEncoder({ label: `${run.name} sgd` });
       pass(sgd, run.sgd, run.groups.sgd, Math.ceil(s.P / 64));
       device.queue.submit([sgd.finish()]);
@@ -218,7 +222,10 @@ async function main() {
   /** Moves what came back (reports, losses) into the page's series, in step order. */
   function collect() {
     for (const run of runs) {
-      for (const r of run.grads.pollReports().reports) run.norms.set(r.step, r.totalNorm);
+      for (const r of run.grads.pollReports().reports) {
+        const step = r.step - run.reportOffset;
+        if (step >= 1) run.norms.set(step, r.totalNorm);
+      }
       const series = state.runs[run.name];
       let next = series.losses.length + 1;
       while (run.losses.has(next) && run.norms.has(next)) {
@@ -229,7 +236,8 @@ async function main() {
         next++;
       }
       const last = series.losses.at(-1);
-      $(`${run.name}-status`).textContent = last === undefined ? "" : !Number.isFinite(last) || last > 20
+      const blownUp = 1.5 * Math.log(alphabet.length); // well above a uniform guess's loss
+      $(`${run.name}-status`).textContent = last === undefined ? "" : !Number.isFinite(last) || last > blownUp
         ? "diverged: the loss is " + (Number.isFinite(last) ? last.toFixed(1) : String(last))
         : `loss ${last.toFixed(3)}, gradient norm ${series.norms.at(-1).toPrecision(3)}`;
     }
@@ -250,7 +258,7 @@ async function main() {
       collect();
       draw();
       const ms = performance.now() - tick;
-      stepsPerTick = Math.max(1, Math.min(16, Math.round(stepsPerTick * (ms < 60 ? 1.5 : ms > 150 ? 0.6 : 1))));
+      stepsPerTick = Math.max(1, Math.min(32, Math.round(stepsPerTick * (ms < 60 ? 1.5 : ms > 150 ? 0.6 : 1))));
       state.stepsPerSecond = (state.step - s0) / ((performance.now() - t0) / 1000);
       $("speed").textContent = `step ${state.step}, ${state.stepsPerSecond.toFixed(1)} steps/s`;
       await new Promise((r) => setTimeout(r, 0));
@@ -277,7 +285,7 @@ async function main() {
 }
 
 /** Draws one chart: a line per run, log-scaled if asked, the max norm as a dashed line. */
-function chart(canvas, key, { log = false, line = null } = {}) {
+function chart(canvas, key, { log = false, line = null, cap = Infinity } = {}) {
   const ctx = canvas.getContext("2d");
   const w = canvas.width, h = canvas.height, pad = 36;
   ctx.clearRect(0, 0, w, h);
@@ -289,6 +297,7 @@ function chart(canvas, key, { log = false, line = null } = {}) {
   let lo = values.length ? Math.min(...values.map(f)) : 0, hi = values.length ? Math.max(...values.map(f)) : 1;
   if (line !== null) { lo = Math.min(lo, f(line)); hi = Math.max(hi, f(line)); }
   if (!log) lo = Math.min(lo, 0);
+  hi = Math.min(hi, f(cap));
   if (hi - lo < 1e-6) hi = lo + 1;
   const x = (i) => pad + (i / (n - 1)) * (w - pad - 8);
   const y = (v) => h - 18 - ((f(v) - lo) / (hi - lo)) * (h - 30);
@@ -324,7 +333,7 @@ function chart(canvas, key, { log = false, line = null } = {}) {
         ctx.fillText("×", x(i) - 3, 18);
         continue;
       }
-      const yy = Math.max(8, y(v));
+      const yy = Math.max(8, y(Math.min(v, cap)));
       if (pen) { ctx.lineTo(x(i), yy); segments++; } else ctx.moveTo(x(i), yy);
       pen = true;
     }
@@ -334,7 +343,9 @@ function chart(canvas, key, { log = false, line = null } = {}) {
 }
 
 function draw() {
-  state.drawn.loss = chart($("loss-chart"), "losses");
+  // Above 1.5 times the loss of a uniform guess, a run has blown up: the
+  // chart stops there, so that the learning run stays readable.
+  state.drawn.loss = chart($("loss-chart"), "losses", { cap: 1.5 * Math.log(state.vocabulary || 64) });
   state.drawn.norm = chart($("norm-chart"), "norms", { log: true, line: slider.maxNorm() });
 }
 

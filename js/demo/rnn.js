@@ -114,10 +114,10 @@ fn train(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_index) j: u
             for (var v = 1u; v < V; v++) { m = max(m, yw[v]); }
             var sum = 0.0;
             for (var v = 0u; v < V; v++) { sum += exp(yw[v] - m); }
-            let target = text[off + t + 1u];
+            let next = text[off + t + 1u];
             let p = exp(yw[j] - m) / sum;
-            dys[(b * T + t) * V + j] = (p - select(0.0, 1.0, j == target)) * INV_BT;
-            if (j == target) { loss += log(sum) + m - yw[j]; }
+            dys[(b * T + t) * V + j] = (p - select(0.0, 1.0, j == next)) * INV_BT;
+            if (j == next) { loss += log(sum) + m - yw[j]; }
         }
     }
     lw[j] = loss;

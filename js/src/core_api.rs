@@ -371,9 +371,7 @@ impl Bound {
 
     /// The step and 16-byte partial of the latest norm clip; the copy is
     /// submitted when this is called.
-    pub fn read_partial(
-        &self,
-    ) -> impl core::future::Future<Output = Result<(u64, [u8; 16])>> + '_ {
+    pub fn read_partial(&self) -> impl core::future::Future<Output = Result<(u64, [u8; 16])>> + '_ {
         let read = self.set.read_partial();
         async move {
             read.await
@@ -464,9 +462,6 @@ mod tests {
         assert!((norm - 5.0).abs() < 1e-6, "{norm}");
         let mut bad = [0u8; 16];
         bad[12] = 0x40;
-        assert_eq!(
-            partial_from_bytes(bad).unwrap_err().code,
-            "INVALID_PARTIAL"
-        );
+        assert_eq!(partial_from_bytes(bad).unwrap_err().code, "INVALID_PARTIAL");
     }
 }

@@ -304,9 +304,7 @@ impl JsGradients {
         // async block does on its first poll: poll it once now, so that the
         // copy goes ahead of whatever the caller submits next.
         let mut read = Box::pin(async move { bound.read_partial().await });
-        let first = read
-            .as_mut()
-            .poll(&mut Context::from_waker(Waker::noop()));
+        let first = read.as_mut().poll(&mut Context::from_waker(Waker::noop()));
         future_to_promise(async move {
             let (step, partial) = match first {
                 Poll::Ready(result) => result?,

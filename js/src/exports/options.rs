@@ -53,18 +53,19 @@ pub struct Create {
 pub fn create(value: JsValue) -> Result<Create, JsValue> {
     const M: &str = "createClipper";
     let o: CreateOptions = parse(M, value)?;
-    let power_preference =
-        match o.power_preference.as_deref() {
-            None => wgpu::PowerPreference::None,
-            Some("low-power") => wgpu::PowerPreference::LowPower,
-            Some("high-performance") => wgpu::PowerPreference::HighPerformance,
-            Some(other) => return Err(invalid_options(
+    let power_preference = match o.power_preference.as_deref() {
+        None => wgpu::PowerPreference::None,
+        Some("low-power") => wgpu::PowerPreference::LowPower,
+        Some("high-performance") => wgpu::PowerPreference::HighPerformance,
+        Some(other) => {
+            return Err(invalid_options(
                 M,
                 format!(
                     "powerPreference must be \"low-power\" or \"high-performance\", got {other:?}"
                 ),
-            )),
-        };
+            ))
+        }
+    };
     let limits = match o.limits.as_deref() {
         None | Some("adapter") => Limits::Adapter,
         Some("default") => Limits::Default,
