@@ -155,7 +155,7 @@ async function main() {
   function trainStep() {
     const step = ++state.step;
     stepU32[0] = step;
-    stepU32[1] = (Math.random() * 2 ** 32) >>> 0;
+    stepU32[1] = Math.imul(step, 0x9e3779b9) >>> 0; // the batch: the same sequence of batches after every Reset
     stepF32[2] = slider.lr();
     stepF32[3] = 1;
     device.queue.writeBuffer(stepUniform, 0, stepData);

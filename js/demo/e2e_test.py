@@ -10,6 +10,7 @@
   - the generated text updates (at least two samples of the clipped run,
     the last different from the first),
   - the page stays responsive (event-loop stalls and WebDriver round trips),
+  - Reset starts again from the same first step (same loss and norm),
 and saves a screenshot.
 
 Usage: js/build.sh && python3 js/demo/e2e_test.py [--steps 120]
@@ -108,6 +109,21 @@ def main():
         with open(args.screenshot, "wb") as f:
             f.write(png)
         print(f"screenshot: {args.screenshot} ({width}x{height}, {len(png)} bytes)")
+
+        # Reset starts both runs again from the same start: step numbers,
+        # losses and norms count from 1 again.
+        wd.click("#reset")
+        st = wd.js("return window.demoState")
+        assert st["step"] == 0 and not st["runs"]["clipped"]["losses"], "Reset kept the old run"
+        wd.click("#start")
+        wait_for("5 steps after the reset", lambda: len(wd.js("return window.demoState.runs.clipped.norms")) >= 5, 120)
+        wd.click("#start")
+        wait_for("the loop to stop", lambda: not wd.js("return window.demoState.running"), 60)
+        again = wd.js("return window.demoState.runs.clipped")
+        assert abs(again["losses"][0] - losses[0]) < 1e-6 * max(1, losses[0]), \
+            f"the first loss after the reset is {again['losses'][0]}, before it was {losses[0]}"
+        assert abs(again["norms"][0] - norms[0]) < 1e-5 * norms[0], \
+            f"the first norm after the reset is {again['norms'][0]}, before it was {norms[0]}"
         print("demo browser test passed")
 
 
