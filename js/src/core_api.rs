@@ -1,8 +1,6 @@
 //! Every call into the gradclip core, behind types of this crate: the one
 //! module to change when the core's API changes.
 
-use std::cell::Cell;
-
 use gradclip::{ClipNorm, Clipper, GradLayout, GradSet, GradType, LossScaler, Norm, NormPartial};
 
 use crate::layout::{Dtype, Placement};
@@ -181,22 +179,14 @@ pub struct Reports {
     pub tensor_norms_missed: u64,
 }
 
-/// The steps between `delivered` (the newest step delivered before) and each
-/// of `steps` (ascending) that were never delivered, and the new newest.
-///
-/// The core's own `Reports::dropped` counts one step too many the first time
-/// a report is lost (its book starts with step 0 unsettled, and steps count
-/// from 1), so the package counts the gaps in the step numbers it delivers:
-/// the same thing for a set whose reports come oldest first. Drop this for
-/// `dropped` once the core is fixed.
-fn gaps(delivered: u64, steps: impl IntoIterator<Item = u64>) -> (u64, u64) {
-    let mut last = delivered;
-    let mut dropped = 0;
-    for step in steps {
-        dropped += step.saturating_sub(last + 1);
-        last = last.max(step);
+impl From<gradclip::Reports> for Reports {
+    fn from(r: gradclip::Reports) -> Self {
+        Reports {
+            reports: r.reports.into_iter().map(Report::from).collect(),
+            dropped: r.dropped,
+            tensor_norms_missed: r.tensor_norms_missed,
+        }
     }
-    (dropped, last)
 }
 
 /// The clipper of one device.
@@ -268,18 +258,13 @@ impl Engine {
             .clipper
             .bind_ranges_as(&layout, &ranges)
             .map_err(from_core)?;
-        Ok(Bound {
-            set,
-            delivered: Cell::new(0),
-        })
+        Ok(Bound { set })
     }
 }
 
 /// A bound gradient buffer.
 pub struct Bound {
     set: GradSet,
-    /// The newest step whose report was delivered (see [`gaps`]).
-    delivered: Cell<u64>,
 }
 
 impl Bound {
@@ -339,25 +324,20 @@ impl Bound {
     /// The reports whose readback is back, without waiting; starts a read
     /// of the steps since the last one for a later call.
     pub fn poll_reports(&self) -> Result<Reports> {
-        let taken = self.set.poll_reports().map_err(from_core)?;
-        Ok(self.deliver(taken))
-    }
-
-    fn deliver(&self, taken: gradclip::Reports) -> Reports {
-        let (dropped, last) = gaps(self.delivered.get(), taken.reports.iter().map(|r| r.step));
-        self.delivered.set(last);
-        Reports {
-            reports: taken.reports.into_iter().map(Report::from).collect(),
-            dropped,
-            tensor_norms_missed: taken.tensor_norms_missed,
-        }
+        self.set
+            .poll_reports()
+            .map(Reports::from)
+            .map_err(from_core)
     }
 
     /// Every report since the last collection, once a copy of the log
     /// submitted now is back (later submissions are not waited for).
     pub async fn take_reports(&self) -> Result<Reports> {
-        let taken = self.set.take_reports().await.map_err(from_core)?;
-        Ok(self.deliver(taken))
+        self.set
+            .take_reports()
+            .await
+            .map(Reports::from)
+            .map_err(from_core)
     }
 
     /// The report of the latest submitted norm clip.
@@ -438,14 +418,6 @@ mod tests {
         assert_eq!(CLIP_STATE_BYTES, 64);
         assert!(CLIP_STATE_WGSL.contains("struct ClipState"));
         assert!(CLIP_STATE_WGSL.contains("fn clip_apply("));
-    }
-
-    #[test]
-    fn gaps_count_the_steps_never_delivered() {
-        assert_eq!(gaps(0, [1, 2, 3]), (0, 3));
-        assert_eq!(gaps(6, [13, 14, 15]), (6, 15));
-        assert_eq!(gaps(2, [4, 7]), (3, 7));
-        assert_eq!(gaps(5, []), (0, 5));
     }
 
     #[test]
