@@ -137,19 +137,28 @@ fn l2_units(start: u32, len: u32, t: u32) -> Partial {
         let y2 = bitcast<vec2<f32>>(a2);
         let y3 = bitcast<vec2<f32>>(a3);
         s += vec4(y0.x * y0.x, y1.x * y1.x, y2.x * y2.x, y3.x * y3.x);
-        s += vec4(y0.y * y0.y, y1.y * y1.y, y2.y * y2.y, y3.y * y3.y);
         let m = max(max(a0, a1), max(a2, a3));
         let n = min(min(a0 - 1u, a1 - 1u), min(a2 - 1u, a3 - 1u));
-        hi = max(hi, max(m.x, m.y));
-        lo = min(lo, min(n.x, n.y));
+        hi = max(hi, m.x);
+        lo = min(lo, n.x);
+        // A constant condition: f32 units have no second element to add.
+        if UNIT == 2u {
+            s += vec4(y0.y * y0.y, y1.y * y1.y, y2.y * y2.y, y3.y * y3.y);
+            hi = max(hi, m.y);
+            lo = min(lo, n.y);
+        }
     }
     for (; u < units; u += WG) {
         let a = abs2(unit_bits(start, len, u));
         let y = bitcast<vec2<f32>>(a);
         s.x += y.x * y.x;
-        s.x += y.y * y.y;
-        hi = max(hi, max(a.x, a.y));
-        lo = min(lo, min(a.x - 1u, a.y - 1u));
+        hi = max(hi, a.x);
+        lo = min(lo, a.x - 1u);
+        if UNIT == 2u {
+            s.x += y.y * y.y;
+            hi = max(hi, a.y);
+            lo = min(lo, a.y - 1u);
+        }
     }
     if hi < TBIG_BITS && lo >= TSML_BITS - 1u {
         return Partial(vec3(0.0, (s.x + s.y) + (s.z + s.w), 0.0), 0u);
@@ -221,12 +230,16 @@ fn p_units(start: u32, len: u32, t: u32) -> Partial {
         let a2 = abs2(unit_bits(start, len, u + 2u * WG));
         let a3 = abs2(unit_bits(start, len, u + 3u * WG));
         s += vec4(p_term(a0.x, lm, dm.e, p), p_term(a1.x, lm, dm.e, p), p_term(a2.x, lm, dm.e, p), p_term(a3.x, lm, dm.e, p));
-        s += vec4(p_term(a0.y, lm, dm.e, p), p_term(a1.y, lm, dm.e, p), p_term(a2.y, lm, dm.e, p), p_term(a3.y, lm, dm.e, p));
+        if UNIT == 2u {
+            s += vec4(p_term(a0.y, lm, dm.e, p), p_term(a1.y, lm, dm.e, p), p_term(a2.y, lm, dm.e, p), p_term(a3.y, lm, dm.e, p));
+        }
     }
     for (; u < units; u += WG) {
         let a = abs2(unit_bits(start, len, u));
         s.x += p_term(a.x, lm, dm.e, p);
-        s.x += p_term(a.y, lm, dm.e, p);
+        if UNIT == 2u {
+            s.x += p_term(a.y, lm, dm.e, p);
+        }
     }
     return Partial(vec3((s.x + s.y) + (s.z + s.w), dm.m, f32(dm.e)), 0u);
 }

@@ -299,7 +299,7 @@ pub(crate) fn plan(
     window_bytes: u64,
     align: u64,
 ) -> Result<Plan> {
-    debug_assert!(chunk_elements > 0 && chunk_elements % 2 == 0);
+    debug_assert!(chunk_elements > 0 && chunk_elements.is_multiple_of(2));
     debug_assert!(window_bytes >= align && placements.len() == layout.len());
     let sizes: Vec<u64> = layout.sizes().collect();
     let mut order: Vec<usize> = (0..layout.len()).filter(|&t| sizes[t] > 0).collect();

@@ -128,14 +128,14 @@ fn global_norm_ignores_per_tensor_options() {
                 &layout,
                 GradType::F32,
                 bytes,
-                &base.clone().tensor_norms(true),
+                &base.tensor_norms(true),
             );
             let (per_tensor, _) = clip_once(
                 &g.clipper,
                 &layout,
                 GradType::F32,
                 bytes,
-                &base.clone().per_tensor(true),
+                &base.per_tensor(true),
             );
             assert!(plain.coefficient < 1.0, "{norm:?}: the clip must scale");
             assert_eq!(
@@ -201,11 +201,7 @@ fn native_and_packed_f16_give_the_same_bits() {
             let data = values(sizes.iter().sum(), seed);
             let bytes = f16_bytes(&layout, &data);
             let base = ClipNorm::new(1e-3).norm(norm);
-            for clip in [
-                base.clone(),
-                base.clone().tensor_norms(true),
-                base.clone().per_tensor(true),
-            ] {
+            for clip in [base, base.tensor_norms(true), base.per_tensor(true)] {
                 let (a, a_words) = clip_once(&native, &layout, GradType::F16, &bytes, &clip);
                 let (b, b_words) = clip_once(&packed, &layout, GradType::F16, &bytes, &clip);
                 assert!(a.coefficient < 1.0, "{clip:?}: the clip must scale");

@@ -126,7 +126,7 @@ impl Chunks {
         } else {
             &self.plain
         };
-        if k % (4 * wg) != 0 || wg % walk.team() != 0 {
+        if !k.is_multiple_of(4 * wg) || !wg.is_multiple_of(walk.team()) {
             return Err(format!("chunks: K = {k} is not a multiple of 4 x wg{wg} x team").into());
         }
         let label = format!("chunks {} K={k} wg{wg} {}", fold.name(), walk.name());

@@ -304,7 +304,7 @@ impl Rooflines {
             && (1..=MAX_WORKGROUPS.min(l.max_compute_workgroups_per_dimension))
                 .contains(&shape.workgroups)
             && [1, 2, 4, 8].contains(&shape.acc)
-            && shape.workgroup_size % shape.walk.team() == 0
+            && shape.workgroup_size.is_multiple_of(shape.walk.team())
     }
 
     /// Whether a buffer of `n` f32 elements can be bound whole.
