@@ -280,9 +280,20 @@ fn serial_fold(start: u32, len: u32, kind: u32) -> Partial {
     return Partial(acc, flags);
 }
 
+// Long segments of the chunk being reduced, found by the invocations that
+// scan its segments: at most CHUNK_ELEMENTS / (SERIAL_MAX + 1) = 127 for
+// the host's 32768-element chunks. Their order in the list depends on
+// scheduling; each is folded on its own, so the results do not.
+const LONG_MAX: u32 = 128u;
+var<workgroup> long_count: atomic<u32>;
+var<workgroup> long_n: u32;
+var<workgroup> long_list: array<u32, LONG_MAX>;
+
 // The partials of flat chunk c's segments (c's own when it is one segment).
 // A segment's partial depends only on the segment: one invocation folds a
-// short one, the workgroup a long one.
+// short one, the workgroup a long one. The workgroup loops over the long
+// ones only: a loop over every segment with a barrier in it costs a
+// barrier's worth per segment on CPU drivers (thousands of tiny tensors).
 fn reduce_segments(c: u32, t: u32, kind: u32, whole: Partial) {
     let segs = flat_segments(c);
     if segs.y - segs.x == 1u {
@@ -291,21 +302,31 @@ fn reduce_segments(c: u32, t: u32, kind: u32, whole: Partial) {
         }
         return;
     }
+    if t == 0u {
+        atomicStore(&long_count, 0u);
+    }
+    workgroupBarrier();
     for (var s = segs.x + t; s < segs.y; s += WG) {
         let sg = chunk_at(s);
         if sg.len <= SERIAL_MAX {
             partials[s] = serial_fold(sg.start, sg.len, kind);
+        } else {
+            long_list[min(atomicAdd(&long_count, 1u), LONG_MAX - 1u)] = s;
         }
     }
-    for (var s = segs.x; s < segs.y; s++) {
+    workgroupBarrier();
+    if t == 0u {
+        long_n = min(atomicLoad(&long_count), LONG_MAX);
+    }
+    let n = workgroupUniformLoad(&long_n);
+    for (var i = 0u; i < n; i++) {
+        let s = workgroupUniformLoad(&long_list[i]);
         let sg = chunk_at(s);
-        if sg.len > SERIAL_MAX {
-            workgroup_fold(sg.start, sg.len, t, kind);
-            if t == 0u {
-                partials[s] = Partial(wg_v[0], wg_f[0]);
-            }
-            workgroupBarrier();
+        workgroup_fold(sg.start, sg.len, t, kind);
+        if t == 0u {
+            partials[s] = Partial(wg_v[0], wg_f[0]);
         }
+        workgroupBarrier();
     }
 }
 
