@@ -51,8 +51,9 @@ const ONE_BITS: u32 = 0x3f800000u;
 // Reports of the last LOG_LEN steps stay on the GPU, at log[step % LOG_LEN].
 const LOG_LEN: u32 = 64u;
 
-// One tensor's slice of the flat buffer, cut at the chunk length and at the
-// binding-window boundaries. `start` counts elements from the window's start.
+// A run of elements of one window: a segment (one tensor's part of one flat
+// chunk; `tensor` is that tensor) or a flat chunk (`tensor` is the index of
+// its first segment). `start` counts elements from the window's start.
 // Stored as three words of the plan table.
 struct Chunk {
     start: u32,
@@ -71,15 +72,16 @@ struct Partial {
 }
 
 // Per binding window, written once by the host. The plan table holds two
-// cuts of the same elements: per-tensor chunks at [0, chunk_count), and flat
-// chunks, which run across tensor boundaries, at [chunk_count, chunk_count +
-// flat_count); then, from word ranges_at, each tensor's [begin, end) range of
-// partials. Partials are indexed like the chunks.
+// cuts of the same elements: segments (each one tensor's part of one flat
+// chunk) at [0, chunk_count), and flat chunks, which run across tensor
+// boundaries, at [chunk_count, chunk_count + flat_count), whose third word is
+// the index of their first segment; then, from word ranges_at, each tensor's
+// [begin, end) range of segments. Partials are indexed like the chunks.
 struct WindowInfo {
-    chunk_begin: u32,      // this window's per-tensor chunks
+    chunk_begin: u32,      // this window's segments
     chunk_end: u32,
-    chunk_count: u32,      // per-tensor chunks of all windows
-    workgroups: u32,       // grid-stride workgroups over per-tensor chunks
+    chunk_count: u32,      // segments of all windows
+    workgroups: u32,       // grid-stride workgroups over segments
     tensor_count: u32,
     flat_begin: u32,       // this window's flat chunks (absolute indices)
     flat_end: u32,
@@ -161,32 +163,54 @@ fn tensor_partials(t: u32) -> vec2<u32> {
     return vec2(plan[i], plan[i + 1u]);
 }
 
-// Whether this clip needs per-tensor results, and so walks the per-tensor
-// chunks; otherwise the flat ones, where thousands of small tensors cost
-// what one tensor of the same total size costs.
+// Whether this clip needs per-tensor results: the reduce pass then also
+// writes the partials of the segments (one tensor's part of one flat chunk)
+// of every flat chunk it reads. The global total never depends on it.
 fn per_tensor_chunks() -> bool {
     return (cfg.flags & (CFG_TENSOR_NORMS | CFG_PER_TENSOR)) != 0u;
 }
 
-// This window's chunks for this clip, as [begin, end).
-fn window_chunks() -> vec2<u32> {
-    if per_tensor_chunks() {
-        return vec2(win.chunk_begin, win.chunk_end);
-    }
+// Whether the scale pass walks segments (to apply each tensor's factor)
+// rather than flat chunks.
+fn scale_by_tensor() -> bool {
+    return (cfg.flags & CFG_PER_TENSOR) != 0u;
+}
+
+// This window's flat chunks, as [begin, end) (absolute indices).
+fn window_flat() -> vec2<u32> {
     return vec2(win.flat_begin, win.flat_end);
 }
 
-// The chunks of all windows for this clip, as [begin, end).
-fn all_chunks() -> vec2<u32> {
-    if per_tensor_chunks() {
-        return vec2(0u, win.chunk_count);
+// The chunks that the scale and clamp passes walk in this window, as
+// [begin, end): segments when clipping per tensor, flat chunks otherwise.
+fn window_chunks() -> vec2<u32> {
+    if scale_by_tensor() {
+        return vec2(win.chunk_begin, win.chunk_end);
     }
+    return window_flat();
+}
+
+// The flat chunks of all windows, whose partials make the global total
+// whatever the clip asks for, as [begin, end).
+fn all_chunks() -> vec2<u32> {
     return vec2(win.chunk_count, win.chunk_count + win.flat_count);
 }
 
-// Workgroups of this clip's grid-stride dispatches (the host dispatches the same number).
+// The segments of flat chunk c (an absolute index), as [begin, end): from
+// its own third word to the next flat chunk's.
+fn flat_segments(c: u32) -> vec2<u32> {
+    var end = win.chunk_count;
+    if c + 1u < win.chunk_count + win.flat_count {
+        end = plan[3u * (c + 1u) + 2u];
+    }
+    return vec2(plan[3u * c + 2u], end);
+}
+
+// Workgroups of the scale and clamp passes' grid-stride dispatches (the
+// host dispatches the same number; the reduce pass always takes
+// win.flat_workgroups).
 fn stride_workgroups() -> u32 {
-    return select(win.flat_workgroups, win.workgroups, per_tensor_chunks());
+    return select(win.flat_workgroups, win.workgroups, scale_by_tensor());
 }
 
 // Bits of a non-finite element, as FLAG_* bits; 0 for finite ones.

@@ -1,6 +1,7 @@
 // Element access for f32 gradients: one element per invocation step.
 // Every element file defines the gradients binding and:
-//   UNIT           elements one invocation handles per step (1, or 2 for a packed u32 word);
+//   UNIT           elements one invocation handles per step (1, or 2 for every 16-bit path,
+//                  so that native and packed f16 walk the elements alike);
 //   load_unit(j)   f32 bits of elements j and j + 1 (window-relative), decoded exactly;
 //                  .y is meaningful only when UNIT == 2 and j + 1 is inside the chunk;
 //   store_unit(j, n, v)  writes the first n (1 or UNIT) of v back in the element type.

@@ -5,17 +5,39 @@
 var<workgroup> wg_v: array<vec3<f32>, WG>;
 var<workgroup> wg_f: array<u32, WG>;
 
-// Folds the WG per-thread values into wg_v[0] / wg_f[0] in a fixed tree order.
-// `kind`: 0 = add (L2), 1 = max of bits (Inf), 2 = scaled p-sum merge.
+// Values each folding invocation combines in the first step of tree_reduce.
+const FOLD_FAN: u32 = 16u;
+
+// Folds the WG per-thread values into wg_v[0] / wg_f[0] in a fixed order:
+// WG / FOLD_FAN invocations each fold FOLD_FAN neighbours, then invocation 0
+// folds their results. Three barriers instead of log2(WG) + 1: on CPU
+// drivers every barrier switches all invocations of the workgroup.
+// The result is visible to every invocation on return. WG >= 32.
 fn tree_reduce(t: u32, kind: u32) {
     workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
-        if t < s {
-            wg_v[t] = merge(kind, wg_v[t], wg_v[t + s]);
-            wg_f[t] = wg_f[t] | wg_f[t + s];
+    if t < WG / FOLD_FAN {
+        let at = t * FOLD_FAN;
+        var v = wg_v[at];
+        var f = wg_f[at];
+        for (var k = 1u; k < FOLD_FAN; k++) {
+            v = merge(kind, v, wg_v[at + k]);
+            f |= wg_f[at + k];
         }
-        workgroupBarrier();
+        wg_v[at] = v;
+        wg_f[at] = f;
     }
+    workgroupBarrier();
+    if t == 0u {
+        var v = wg_v[0];
+        var f = wg_f[0];
+        for (var k = FOLD_FAN; k < WG; k += FOLD_FAN) {
+            v = merge(kind, v, wg_v[k]);
+            f |= wg_f[k];
+        }
+        wg_v[0] = v;
+        wg_f[0] = f;
+    }
+    workgroupBarrier();
 }
 
 // Combines two reductions of the same kind.

@@ -1,12 +1,28 @@
-// Reduce pass: each workgroup folds whole chunks of the gradients into one
-// Partial per chunk. Workgroups stride over this window's chunks, so the
-// dispatch never exceeds the per-dimension limit and the result of a chunk
-// does not depend on which workgroup took it: the sums are deterministic.
+// Reduce pass: each workgroup folds whole flat chunks of the gradients into
+// one Partial per chunk, and, when the clip asks for per-tensor results,
+// also each of the chunk's segments (one tensor's part of it) into one
+// Partial per segment. Workgroups stride over this window's flat chunks, so
+// the dispatch never exceeds the per-dimension limit and the result of a
+// chunk does not depend on which workgroup took it: the sums are
+// deterministic. The flat partials are computed the same way whether or not
+// per-tensor results are asked for, so asking cannot move the global norm.
+//
+// Every element path walks a chunk in the same units (one f32, or one pair
+// of 16-bit elements, whether loaded as one u32 word or as two f16s) and in
+// the same order: invocation t takes units t, t + WG, t + 2 WG, t + 3 WG of
+// each block of LANES * WG units into LANES accumulators (loads in flight),
+// the rest one at a time. So native and packed f16 give the same bits.
 
 // Blue's thresholds and scales for f32 (Anderson 2017, adapted so that no
 // single square exceeds 2^88 and a bin holds 2^40 of them without overflow).
 const TSML_BITS: u32 = 0x20000000u; // 2^-63: below, scale up by 2^86
 const TBIG_BITS: u32 = 0x55800000u; // 2^44: at or above, scale down by 2^-84
+
+// Units each invocation loads per step of the main loop.
+const LANES: u32 = 4u;
+// Segments up to this many elements are folded by one invocation alone;
+// longer ones by the whole workgroup.
+const SERIAL_MAX: u32 = 256u;
 
 // Adds one element (its f32 bits; 16-bit inputs are decoded exactly to f32
 // first, so one scheme serves every element type) to Blue's three bins.
@@ -49,13 +65,6 @@ fn add_p(acc: ptr<function, vec3<f32>>, flags: ptr<function, u32>, bits: u32, p:
     }
 }
 
-// Invocations step over a chunk by units (UNIT elements, one storage word
-// for packed 16-bit types); the second element of a unit exists only when
-// UNIT == 2 and it is inside the chunk (a tensor's odd tail has none).
-fn has_second(i: u32, len: u32) -> bool {
-    return UNIT == 2u && i + 1u < len;
-}
-
 // Folds one element (its f32 bits) into a reduction of the given kind
 // (0 = L2, 1 = Inf with the max's bits kept in acc.x, 2 = general p). The
 // kind is the pipeline override KIND, so compilers drop the other arms.
@@ -75,39 +84,274 @@ fn add_element(kind: u32, acc: ptr<function, vec3<f32>>, flags: ptr<function, u3
     }
 }
 
-// The body of the reduce entry points: this workgroup's chunks of the
-// window, each folded into partials[c].
-fn reduce_window(wg: u32, t: u32, kind: u32) {
-    let range = window_chunks();
-    let stride = stride_workgroups();
-    for (var c = range.x + wg; c < range.y; c += stride) {
-        let ch = chunk_at(c);
-        var acc = vec3<f32>(0.0);
-        var flags = 0u;
-        for (var i = t * UNIT; i < ch.len; i += WG * UNIT) {
-            let bits = load_unit(ch.start + i);
-            add_element(kind, &acc, &flags, bits.x);
-            if has_second(i, ch.len) {
-                add_element(kind, &acc, &flags, bits.y);
-            }
+// The f32 bits of unit u of the run [start, start + len): both elements,
+// the second 0 (which no reduction counts) where the run has none.
+fn unit_bits(start: u32, len: u32, u: u32) -> vec2<u32> {
+    let i = u * UNIT;
+    let b = load_unit(start + i);
+    return vec2(b.x, select(0u, b.y, UNIT == 2u && i + 1u < len));
+}
+
+// Units of a run of len elements.
+fn units_of(len: u32) -> u32 {
+    return (len + UNIT - 1u) / UNIT;
+}
+
+// The exact fold of invocation t's units of the run, element by element in
+// the walk's order: Blue's bins, the max's bits, or the scaled p-sum, with
+// the FLAG_* bits. The slow path, for what the fast paths cannot take.
+fn exact_units(start: u32, len: u32, t: u32, kind: u32) -> Partial {
+    var acc = vec3<f32>(0.0);
+    var flags = 0u;
+    let units = units_of(len);
+    for (var u = t; u < units; u += WG) {
+        let b = unit_bits(start, len, u);
+        add_element(kind, &acc, &flags, b.x);
+        add_element(kind, &acc, &flags, b.y);
+    }
+    return Partial(acc, flags);
+}
+
+// |g| bits of a unit's two elements.
+fn abs2(b: vec2<u32>) -> vec2<u32> {
+    return b & vec2(ABS_MASK);
+}
+
+// L2 of invocation t's units. Fast path: plain squares in LANES
+// accumulators while the exponent bits show every element in Blue's medium
+// band [2^-63, 2^44) or zero, which is exactly what Blue's medium bin adds;
+// an invocation that met any other element redoes its units exactly.
+fn l2_units(start: u32, len: u32, t: u32) -> Partial {
+    let units = units_of(len);
+    var s = vec4<f32>(0.0);
+    var hi = 0u;          // largest |g| bits seen
+    var lo = 0xffffffffu; // smallest |g| bits - 1 seen (zero wraps to the top)
+    var u = t;
+    for (; u + (LANES - 1u) * WG < units; u += LANES * WG) {
+        let a0 = abs2(unit_bits(start, len, u));
+        let a1 = abs2(unit_bits(start, len, u + WG));
+        let a2 = abs2(unit_bits(start, len, u + 2u * WG));
+        let a3 = abs2(unit_bits(start, len, u + 3u * WG));
+        let y0 = bitcast<vec2<f32>>(a0);
+        let y1 = bitcast<vec2<f32>>(a1);
+        let y2 = bitcast<vec2<f32>>(a2);
+        let y3 = bitcast<vec2<f32>>(a3);
+        s += vec4(y0.x * y0.x, y1.x * y1.x, y2.x * y2.x, y3.x * y3.x);
+        let m = max(max(a0, a1), max(a2, a3));
+        let n = min(min(a0 - 1u, a1 - 1u), min(a2 - 1u, a3 - 1u));
+        hi = max(hi, m.x);
+        lo = min(lo, n.x);
+        // A constant condition: f32 units have no second element to add.
+        if UNIT == 2u {
+            s += vec4(y0.y * y0.y, y1.y * y1.y, y2.y * y2.y, y3.y * y3.y);
+            hi = max(hi, m.y);
+            lo = min(lo, n.y);
         }
-        wg_v[t] = acc;
-        wg_f[t] = flags;
-        tree_reduce(t, kind);
+    }
+    for (; u < units; u += WG) {
+        let a = abs2(unit_bits(start, len, u));
+        let y = bitcast<vec2<f32>>(a);
+        s.x += y.x * y.x;
+        hi = max(hi, a.x);
+        lo = min(lo, a.x - 1u);
+        if UNIT == 2u {
+            s.x += y.y * y.y;
+            hi = max(hi, a.y);
+            lo = min(lo, a.y - 1u);
+        }
+    }
+    if hi < TBIG_BITS && lo >= TSML_BITS - 1u {
+        return Partial(vec3(0.0, (s.x + s.y) + (s.z + s.w), 0.0), 0u);
+    }
+    return exact_units(start, len, t, 0u);
+}
+
+// The largest |g| bits of invocation t's units, all elements included.
+fn max_units(start: u32, len: u32, t: u32) -> u32 {
+    let units = units_of(len);
+    var m = vec4<u32>(0u);
+    var u = t;
+    for (; u + (LANES - 1u) * WG < units; u += LANES * WG) {
+        let a0 = abs2(unit_bits(start, len, u));
+        let a1 = abs2(unit_bits(start, len, u + WG));
+        let a2 = abs2(unit_bits(start, len, u + 2u * WG));
+        let a3 = abs2(unit_bits(start, len, u + 3u * WG));
+        m = max(m, vec4(max(a0.x, a0.y), max(a1.x, a1.y), max(a2.x, a2.y), max(a3.x, a3.y)));
+    }
+    for (; u < units; u += WG) {
+        let a = abs2(unit_bits(start, len, u));
+        m.x = max(m.x, max(a.x, a.y));
+    }
+    return max(max(m.x, m.y), max(m.z, m.w));
+}
+
+// Inf of invocation t's units: the max of the bits, exact as it is; the
+// element-wise path only to sort out the flags of non-finite elements.
+fn inf_units(start: u32, len: u32, t: u32) -> Partial {
+    let best = max_units(start, len, t);
+    if best < EXP_MASK {
+        return Partial(vec3(bitcast<f32>(best), 0.0, 0.0), 0u);
+    }
+    return exact_units(start, len, t, 1u);
+}
+
+// |g|^p relative to the largest element mx = m * 2^e (log2_m = log2(m)):
+// one log2 and one exp2, the mantissas' logs differenced before the
+// exponents' difference is added, as merge_p does. Zero gives 0.
+fn p_term(a: u32, log2_m: f32, e: i32, p: f32) -> f32 {
+    if a == 0u {
+        return 0.0;
+    }
+    let d = decode(a);
+    return exp2(p * ((log2(d.m) - log2_m) + f32(d.e - e)));
+}
+
+// General p of invocation t's units: the largest element first (one cheap
+// pass over units that the second pass finds in cache), then every term
+// relative to it, so each element costs one log2 and one exp2 and the sum
+// never over- or underflows: s >= 1 (the largest element's own term).
+fn p_units(start: u32, len: u32, t: u32) -> Partial {
+    let top = max_units(start, len, t);
+    if top >= EXP_MASK {
+        return exact_units(start, len, t, 2u);
+    }
+    if top == 0u {
+        return Partial(vec3(0.0), 0u);
+    }
+    let p = cfg.p;
+    let dm = decode(top);
+    let lm = log2(dm.m);
+    let units = units_of(len);
+    var s = vec4<f32>(0.0);
+    var u = t;
+    for (; u + (LANES - 1u) * WG < units; u += LANES * WG) {
+        let a0 = abs2(unit_bits(start, len, u));
+        let a1 = abs2(unit_bits(start, len, u + WG));
+        let a2 = abs2(unit_bits(start, len, u + 2u * WG));
+        let a3 = abs2(unit_bits(start, len, u + 3u * WG));
+        s += vec4(p_term(a0.x, lm, dm.e, p), p_term(a1.x, lm, dm.e, p), p_term(a2.x, lm, dm.e, p), p_term(a3.x, lm, dm.e, p));
+        if UNIT == 2u {
+            s += vec4(p_term(a0.y, lm, dm.e, p), p_term(a1.y, lm, dm.e, p), p_term(a2.y, lm, dm.e, p), p_term(a3.y, lm, dm.e, p));
+        }
+    }
+    for (; u < units; u += WG) {
+        let a = abs2(unit_bits(start, len, u));
+        s.x += p_term(a.x, lm, dm.e, p);
+        if UNIT == 2u {
+            s.x += p_term(a.y, lm, dm.e, p);
+        }
+    }
+    return Partial(vec3((s.x + s.y) + (s.z + s.w), dm.m, f32(dm.e)), 0u);
+}
+
+// Invocation t's share of the run [start, start + len) under the kind.
+fn thread_units(start: u32, len: u32, t: u32, kind: u32) -> Partial {
+    switch kind {
+        case 0u: {
+            return l2_units(start, len, t);
+        }
+        case 1u: {
+            return inf_units(start, len, t);
+        }
+        default: {
+            return p_units(start, len, t);
+        }
+    }
+}
+
+// The whole workgroup's fold of a run, in wg_v[0] / wg_f[0] on return
+// (visible to every invocation). Called in uniform control flow.
+fn workgroup_fold(start: u32, len: u32, t: u32, kind: u32) {
+    let q = thread_units(start, len, t, kind);
+    wg_v[t] = q.v;
+    wg_f[t] = q.flags;
+    tree_reduce(t, kind);
+}
+
+// One invocation's fold of a short run, element by element.
+fn serial_fold(start: u32, len: u32, kind: u32) -> Partial {
+    var acc = vec3<f32>(0.0);
+    var flags = 0u;
+    for (var u = 0u; u < units_of(len); u++) {
+        let b = unit_bits(start, len, u);
+        add_element(kind, &acc, &flags, b.x);
+        add_element(kind, &acc, &flags, b.y);
+    }
+    return Partial(acc, flags);
+}
+
+// Long segments of the chunk being reduced, found by the invocations that
+// scan its segments: at most CHUNK_ELEMENTS / (SERIAL_MAX + 1) = 127 for
+// the host's 32768-element chunks. Their order in the list depends on
+// scheduling; each is folded on its own, so the results do not.
+const LONG_MAX: u32 = 128u;
+var<workgroup> long_count: atomic<u32>;
+var<workgroup> long_n: u32;
+var<workgroup> long_list: array<u32, LONG_MAX>;
+
+// The partials of flat chunk c's segments (c's own when it is one segment).
+// A segment's partial depends only on the segment: one invocation folds a
+// short one, the workgroup a long one. The workgroup loops over the long
+// ones only: a loop over every segment with a barrier in it costs a
+// barrier's worth per segment on CPU drivers (thousands of tiny tensors).
+fn reduce_segments(c: u32, t: u32, kind: u32, whole: Partial) {
+    let segs = flat_segments(c);
+    if segs.y - segs.x == 1u {
         if t == 0u {
-            partials[c] = Partial(wg_v[0], wg_f[0]);
+            partials[segs.x] = whole;
+        }
+        return;
+    }
+    if t == 0u {
+        atomicStore(&long_count, 0u);
+    }
+    workgroupBarrier();
+    for (var s = segs.x + t; s < segs.y; s += WG) {
+        let sg = chunk_at(s);
+        if sg.len <= SERIAL_MAX {
+            partials[s] = serial_fold(sg.start, sg.len, kind);
+        } else {
+            long_list[min(atomicAdd(&long_count, 1u), LONG_MAX - 1u)] = s;
+        }
+    }
+    workgroupBarrier();
+    if t == 0u {
+        long_n = min(atomicLoad(&long_count), LONG_MAX);
+    }
+    let n = workgroupUniformLoad(&long_n);
+    for (var i = 0u; i < n; i++) {
+        let s = workgroupUniformLoad(&long_list[i]);
+        let sg = chunk_at(s);
+        workgroup_fold(sg.start, sg.len, t, kind);
+        if t == 0u {
+            partials[s] = Partial(wg_v[0], wg_f[0]);
         }
         workgroupBarrier();
     }
 }
 
-// reduce — reads: grads (this window's chunks), the plan's chunks, win, cfg.p.
-// Writes: partials[c] for each chunk c of window_chunks(): for KIND 0 (L2)
-// (small, medium, big) scaled sums of squares, for 1 (Inf) the bits of max
-// |g| over finite g, for 2 (p) (s, m, E) = sum(|g|^p) relative to the largest
-// |g| = m * 2^E; each with its FLAG_* bits.
-// Dispatch: (stride_workgroups(), 1, 1), workgroups striding over window_chunks().
+// reduce — reads: grads (this window's flat chunks), the plan's chunks and
+// segments, win, cfg.p and cfg.flags.
+// Writes: partials[c] for each flat chunk c of window_flat(), and, when
+// per_tensor_chunks(), partials[s] for each of its segments s: for KIND 0
+// (L2) (small, medium, big) scaled sums of squares, for 1 (Inf) the bits of
+// max |g| over finite g, for 2 (p) (s, m, E) = sum(|g|^p) relative to the
+// largest |g| = m * 2^E; each with its FLAG_* bits.
+// Dispatch: (win.flat_workgroups, 1, 1), workgroups striding over window_flat().
 @compute @workgroup_size(WG)
 fn reduce(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    reduce_window(wg.x, t, KIND);
+    let range = window_flat();
+    let segments = per_tensor_chunks();
+    for (var c = range.x + wg.x; c < range.y; c += win.flat_workgroups) {
+        let ch = chunk_at(c);
+        workgroup_fold(ch.start, ch.len, t, KIND);
+        let whole = Partial(wg_v[0], wg_f[0]);
+        if t == 0u {
+            partials[c] = whole;
+        }
+        workgroupBarrier();
+        if segments {
+            reduce_segments(c, t, KIND, whole);
+        }
+    }
 }

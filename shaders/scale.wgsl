@@ -43,34 +43,58 @@ fn clamped(g: f32, lo: i32, hi: i32) -> f32 {
     return g;
 }
 
+// Invocation t's units of the run [start, start + len), each element
+// through scaled(): LANES units loaded before any is stored (a store may
+// alias a later load, so the compiler cannot hoist loads above it), then the
+// rest one at a time. `kind` is uniform, so the branch in scaled() is too.
+fn scale_run(start: u32, len: u32, t: u32, kind: u32, fast: f32, m: f32, e: i32) {
+    let units = (len + UNIT - 1u) / UNIT;
+    var u = t;
+    for (; u + 3u * WG < units; u += 4u * WG) {
+        let j = start + u * UNIT;
+        let s = WG * UNIT;
+        let g0 = bitcast<vec2<f32>>(load_unit(j));
+        let g1 = bitcast<vec2<f32>>(load_unit(j + s));
+        let g2 = bitcast<vec2<f32>>(load_unit(j + 2u * s));
+        let g3 = bitcast<vec2<f32>>(load_unit(j + 3u * s));
+        // Only the run's last unit can be short, and it is unit units - 1.
+        let n3 = min(UNIT, len - (u + 3u * WG) * UNIT);
+        store_unit(j, UNIT, vec2(scaled(g0.x, kind, fast, m, e), scaled(g0.y, kind, fast, m, e)));
+        store_unit(j + s, UNIT, vec2(scaled(g1.x, kind, fast, m, e), scaled(g1.y, kind, fast, m, e)));
+        store_unit(j + 2u * s, UNIT, vec2(scaled(g2.x, kind, fast, m, e), scaled(g2.y, kind, fast, m, e)));
+        store_unit(j + 3u * s, n3, vec2(scaled(g3.x, kind, fast, m, e), scaled(g3.y, kind, fast, m, e)));
+    }
+    for (; u < units; u += WG) {
+        let j = start + u * UNIT;
+        let g = bitcast<vec2<f32>>(load_unit(j));
+        store_unit(j, min(UNIT, len - u * UNIT), vec2(scaled(g.x, kind, fast, m, e), scaled(g.y, kind, fast, m, e)));
+    }
+}
+
 // scale — reads: stats.state's factor and scale_kind (from finalize), per
 // tensor factors when clipping per tensor, grads of this window's chunks.
 // Writes: those grads, in place.
 // Dispatch: indirect from ClipState.dispatch: (stride_workgroups() or 0, 1, 1),
-// workgroups striding over the window's chunks.
+// workgroups striding over window_chunks() (segments when clipping per
+// tensor, flat chunks otherwise).
 @compute @workgroup_size(WG)
 fn scale(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let global_kind = stats.state.scale_kind;
     let per_tensor = global_kind == SCALE_PER_TENSOR;
+    // A tensor's factor already encodes NaN/inf handling: an exact
+    // multiply by 0 or NaN gives what PyTorch and TensorFlow give.
+    let kind = select(global_kind, SCALE_MULTIPLY, per_tensor);
     let range = window_chunks();
     let stride = stride_workgroups();
     for (var c = range.x + wg.x; c < range.y; c += stride) {
         let ch = chunk_at(c);
-        // A tensor's factor already encodes NaN/inf handling: an exact
-        // multiply by 0 or NaN gives what PyTorch and TensorFlow give.
-        let kind = select(global_kind, SCALE_MULTIPLY, per_tensor);
         var m = stats.state.coef_mant;
         var e = stats.state.coef_exp;
         if per_tensor {
             m = stats.tensors[ch.tensor].coef_mant;
             e = stats.tensors[ch.tensor].coef_exp;
         }
-        let fast = clip_fast_factor(m, e);
-        for (var i = t * UNIT; i < ch.len; i += WG * UNIT) {
-            let j = ch.start + i;
-            let g = bitcast<vec2<f32>>(load_unit(j));
-            store_unit(j, min(UNIT, ch.len - i), vec2(scaled(g.x, kind, fast, m, e), scaled(g.y, kind, fast, m, e)));
-        }
+        scale_run(ch.start, ch.len, t, kind, clip_fast_factor(m, e), m, e);
     }
 }
 

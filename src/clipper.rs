@@ -18,6 +18,9 @@ use crate::upload::Uploads;
 
 /// Largest workgroup size the passes use; WebGPU's default limit.
 const PREFERRED_WORKGROUP_SIZE: u32 = 256;
+/// Workgroup memory of the reduce pass that does not scale with the
+/// workgroup size (reduce.wgsl: long_list, long_count, long_n).
+const REDUCE_FIXED_WORKGROUP_BYTES: u32 = 4 * (128 + 2);
 /// Smallest workgroup size accepted from a device's limits.
 const MIN_WORKGROUP_SIZE: u32 = 32;
 
@@ -101,8 +104,12 @@ fn workgroup_size(limits: &wgpu::Limits) -> Result<u32> {
     let cap = PREFERRED_WORKGROUP_SIZE
         .min(limits.max_compute_invocations_per_workgroup)
         .min(limits.max_compute_workgroup_size_x);
-    // Workgroup memory: one vec3<f32> (16-byte stride) and one u32 per invocation.
-    let by_memory = limits.max_compute_workgroup_storage_size / 20;
+    // Workgroup memory: one vec3<f32> (16-byte stride) and one u32 per
+    // invocation, and the reduce pass's list of long segments (128 + 2 words).
+    let by_memory = limits
+        .max_compute_workgroup_storage_size
+        .saturating_sub(REDUCE_FIXED_WORKGROUP_BYTES)
+        / 20;
     let size = 1u32 << (31 - cap.min(by_memory).max(1).leading_zeros());
     check_limit("max workgroup size", size as u64, MIN_WORKGROUP_SIZE as u64)?;
     Ok(size)

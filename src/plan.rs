@@ -9,8 +9,9 @@ use crate::layout::GradLayout;
 use crate::records::{Chunk, Partial, TensorStat, STATS_HEAD_SIZE};
 
 /// Elements of one chunk: the unit of work of one workgroup in the reduce
-/// and scale passes, and the granularity of the partials.
-pub const CHUNK_ELEMENTS: u32 = 8192;
+/// and scale passes, and the granularity of the global partials. A tensor's
+/// segments (its part of one chunk) are never longer.
+pub const CHUNK_ELEMENTS: u32 = 32768;
 /// Upper bound on the workgroups of a grid-stride dispatch.
 const MAX_WORKGROUPS: u32 = 2048;
 
@@ -205,44 +206,81 @@ pub(crate) struct Window {
     pub flat_end: u32,
 }
 
-/// The chunk tables, the windows, and each tensor's chunk range.
+/// The chunk tables, the windows, and each tensor's segment range.
+///
+/// The global norm is always reduced over `flat`, whatever the clip asks
+/// for, so that asking for per-tensor results cannot move its bits. The
+/// segments refine the flat chunks at tensor boundaries: each lies in one
+/// flat chunk and one tensor, and a flat chunk's segments are contiguous in
+/// `chunks` (from its `tensor` word, which holds the index of its first
+/// segment, to the next flat chunk's), so the reduce pass computes both in
+/// one read of each chunk.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Plan {
-    /// Chunks that each belong to one tensor (for per-tensor results).
+    /// Segments: chunks that each belong to one tensor (per-tensor results).
     pub chunks: Vec<Chunk>,
-    /// The same elements cut without regard to tensor boundaries: adjacent
+    /// The elements cut without regard to tensor boundaries: adjacent
     /// tensors of a window merge into runs, so that a clip of the global
     /// norm over thousands of small tensors costs what one tensor costs.
     /// Runs never bridge a gap between tensors (foreign data lives there).
+    /// `tensor` holds the index of the chunk's first segment.
     pub flat: Vec<Chunk>,
     pub windows: Vec<Window>,
     pub tensor_chunks: Vec<(u32, u32)>,
 }
 
-/// Marks a flat chunk, which belongs to no single tensor.
-pub(crate) const NO_TENSOR: u32 = u32::MAX;
-
-/// Merges a window's per-tensor chunks (in increasing `start` order) into
-/// runs of contiguous elements, recut at `chunk_elements`.
-fn flat_chunks(chunks: &[Chunk], chunk_elements: u32, out: &mut Vec<Chunk>) {
+/// Cuts a window's pieces (each one tensor's elements, in increasing
+/// `start` order) into flat chunks: runs of contiguous elements recut at
+/// `chunk_elements`; and into segments: the pieces recut at the flat chunks'
+/// boundaries. Appends to `flat` and `segments` (all windows' segments).
+fn cut_window(
+    pieces: &[Chunk],
+    chunk_elements: u32,
+    flat: &mut Vec<Chunk>,
+    segments: &mut Vec<Chunk>,
+) -> Result<()> {
     let mut runs: Vec<(u32, u32)> = Vec::new();
-    for c in chunks {
+    for c in pieces {
         match runs.last_mut() {
             Some((_, end)) if *end == c.start => *end += c.len,
             _ => runs.push((c.start, c.start + c.len)),
         }
     }
+    let mut next = pieces.iter().peekable();
+    // How far into the current piece the segments have reached.
+    let mut done = 0u32;
     for (mut start, end) in runs {
         while start < end {
             let len = (end - start).min(chunk_elements);
-            out.push(Chunk {
+            let first_segment = count_u32("chunk count", segments.len())?;
+            flat.push(Chunk {
                 start,
                 len,
-                tensor: NO_TENSOR,
+                tensor: first_segment,
             });
-            start += len;
+            let chunk_end = start + len;
+            while let Some(piece) = next.peek() {
+                let from = piece.start + done;
+                if from >= chunk_end {
+                    break;
+                }
+                let to = (piece.start + piece.len).min(chunk_end);
+                segments.push(Chunk {
+                    start: from,
+                    len: to - from,
+                    tensor: piece.tensor,
+                });
+                if to == piece.start + piece.len {
+                    next.next();
+                    done = 0;
+                } else {
+                    done = to - piece.start;
+                }
+            }
+            start = chunk_end;
         }
     }
+    Ok(())
 }
 
 fn count_u32(what: &'static str, n: usize) -> Result<u32> {
@@ -253,14 +291,15 @@ fn count_u32(what: &'static str, n: usize) -> Result<u32> {
     })
 }
 
-/// Cuts every tensor into chunks of at most `chunk_elements` (even), never
-/// across a window; a window starts at an `align`-aligned byte offset, spans
-/// at most `window_bytes` (a multiple of 4) and holds one element type.
-/// Tensors are visited in buffer and offset order so that each window's
-/// chunks are contiguous in the table; each tensor's chunks are contiguous
-/// too. Overlapping tensors are an error. With tensors at 4-byte aligned
-/// offsets (checked by the callers), every chunk of a 16-bit tensor starts at
-/// an even element and only a tensor's last chunk can have an odd length.
+/// Cuts the elements of every tensor into flat chunks of at most
+/// `chunk_elements` (even) and segments, never across a window; a window
+/// starts at an `align`-aligned byte offset, spans at most `window_bytes`
+/// (a multiple of 4) and holds one element type. Tensors are visited in
+/// buffer and offset order so that each window's chunks are contiguous in
+/// the tables; each tensor's segments are contiguous too. Overlapping
+/// tensors are an error. With tensors at 4-byte aligned offsets (checked by
+/// the callers), every chunk and segment of a 16-bit tensor starts at an
+/// even element and only a tensor's last segment can have an odd length.
 pub(crate) fn plan(
     layout: &GradLayout,
     placements: &[Placement],
@@ -268,7 +307,8 @@ pub(crate) fn plan(
     window_bytes: u64,
     align: u64,
 ) -> Result<Plan> {
-    debug_assert!(chunk_elements > 0 && window_bytes >= align && placements.len() == layout.len());
+    debug_assert!(chunk_elements > 0 && chunk_elements.is_multiple_of(2));
+    debug_assert!(window_bytes >= align && placements.len() == layout.len());
     let sizes: Vec<u64> = layout.sizes().collect();
     let mut order: Vec<usize> = (0..layout.len()).filter(|&t| sizes[t] > 0).collect();
     order.sort_by_key(|&t| (placements[t].buffer, placements[t].byte_offset));
@@ -283,12 +323,11 @@ pub(crate) fn plan(
             });
         }
     }
-    let mut windows: Vec<Window> = Vec::new();
-    let mut chunks = Vec::new();
-    let mut tensor_chunks = vec![(0u32, 0u32); layout.len()];
     count_u32("tensor count", layout.len())?;
+    // Each tensor's part of each window, per window.
+    let mut windows: Vec<Window> = Vec::new();
+    let mut pieces: Vec<Vec<Chunk>> = Vec::new();
     for &t in &order {
-        let first = count_u32("chunk count", chunks.len())?;
         let Placement {
             buffer,
             byte_offset,
@@ -304,42 +343,47 @@ pub(crate) fn plan(
                     && at + 4 <= w.byte_offset + window_bytes
             });
             if !fits {
-                let n = count_u32("chunk count", chunks.len())?;
                 windows.push(Window {
                     buffer,
                     dtype,
                     byte_offset: at / align * align,
                     bytes: 0,
-                    chunk_begin: n,
-                    chunk_end: n,
+                    chunk_begin: 0,
+                    chunk_end: 0,
                     flat_begin: 0,
                     flat_end: 0,
                 });
+                pieces.push(Vec::new());
             }
             let w = windows.last_mut().expect("a window was just ensured");
-            let elements = ((end - at) / eb)
-                .min(chunk_elements as u64)
-                .min((w.byte_offset + window_bytes - at) / eb);
-            chunks.push(Chunk {
-                start: ((at - w.byte_offset) / eb) as u32,
-                len: elements as u32,
+            let elements = ((end - at) / eb).min((w.byte_offset + window_bytes - at) / eb);
+            pieces.last_mut().expect("one per window").push(Chunk {
+                start: count_u32("chunk start", ((at - w.byte_offset) / eb) as usize)?,
+                len: count_u32("chunk length", elements as usize)?,
                 tensor: t as u32,
             });
             at += eb * elements;
             w.bytes = (at - w.byte_offset).div_ceil(4) * 4;
-            w.chunk_end = count_u32("chunk count", chunks.len())?;
         }
-        tensor_chunks[t] = (first, count_u32("chunk count", chunks.len())?);
     }
+    let mut chunks = Vec::new();
     let mut flat = Vec::new();
-    for w in &mut windows {
+    for (w, pieces) in windows.iter_mut().zip(&pieces) {
+        w.chunk_begin = count_u32("chunk count", chunks.len())?;
         w.flat_begin = count_u32("chunk count", flat.len())?;
-        flat_chunks(
-            &chunks[w.chunk_begin as usize..w.chunk_end as usize],
-            chunk_elements,
-            &mut flat,
-        );
+        cut_window(pieces, chunk_elements, &mut flat, &mut chunks)?;
+        w.chunk_end = count_u32("chunk count", chunks.len())?;
         w.flat_end = count_u32("chunk count", flat.len())?;
+    }
+    let mut tensor_chunks = vec![(0u32, 0u32); layout.len()];
+    let mut i = 0;
+    while i < chunks.len() {
+        let t = chunks[i].tensor;
+        let first = i;
+        while i < chunks.len() && chunks[i].tensor == t {
+            i += 1;
+        }
+        tensor_chunks[t as usize] = (first as u32, i as u32);
     }
     Ok(Plan {
         chunks,
@@ -497,7 +541,20 @@ mod tests {
                 v
             };
             let flat = &plan.flat[w.flat_begin as usize..w.flat_end as usize];
-            assert!(flat.iter().all(|c| c.len >= 1 && c.tensor == NO_TENSOR));
+            assert!(flat.iter().all(|c| c.len >= 1));
+            // Each flat chunk's segments lie inside it, in order.
+            for (i, f) in flat.iter().enumerate() {
+                let at = w.flat_begin as usize + i;
+                let end = plan
+                    .flat
+                    .get(at + 1)
+                    .map_or(plan.chunks.len(), |n| n.tensor as usize);
+                let segs = &plan.chunks[f.tensor as usize..end];
+                assert!(!segs.is_empty());
+                assert_eq!(segs[0].start, f.start);
+                assert_eq!(segs.iter().map(|s| s.len).sum::<u32>(), f.len);
+                assert!(segs.windows(2).all(|p| p[0].start + p[0].len == p[1].start));
+            }
             assert_eq!(
                 elements(flat),
                 elements(&plan.chunks[w.chunk_begin as usize..w.chunk_end as usize])
@@ -570,8 +627,10 @@ mod tests {
         let layout = GradLayout::from_sizes(&[3; 1000]).unwrap();
         let placements = packed(&layout);
         let plan = plan(&layout, &placements, 256, 1 << 20, 256).unwrap();
-        assert_eq!(plan.chunks.len(), 1000);
         assert_eq!(plan.flat.len(), 12); // 3000 elements in runs of at most 256
+                                         // A tensor that straddles a flat boundary is two segments.
+        let straddling = (1..12).filter(|k| (256 * k) % 3 != 0).count();
+        assert_eq!(plan.chunks.len(), 1000 + straddling);
         check_cover(&layout, &placements, &plan, 1 << 20);
     }
 

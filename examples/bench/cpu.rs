@@ -20,6 +20,21 @@ fn sum_squares(x: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
+/// Sum of |x|^3, in the same 8 lanes.
+fn sum_cubes(x: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let chunks = x.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for k in 0..8 {
+            let a = c[k].abs();
+            acc[k] += a * a * a;
+        }
+    }
+    let tail: f32 = tail.iter().map(|v| v.abs() * v.abs() * v.abs()).sum();
+    acc.iter().sum::<f32>() + tail
+}
+
 fn max_abs(x: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     let chunks = x.chunks_exact(8);
@@ -51,6 +66,11 @@ pub fn clip(
             .iter()
             .map(|r| max_abs(&grads[r.clone()]))
             .fold(0.0f32, f32::max),
+        NormKind::P3 => ranges
+            .iter()
+            .map(|r| sum_cubes(&grads[r.clone()]))
+            .sum::<f32>()
+            .cbrt(),
     };
     let coef = (max_norm / (total + 1e-6)).min(1.0);
     if coef < 1.0 {

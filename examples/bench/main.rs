@@ -1,14 +1,18 @@
 //! gradclip benchmark: times `GradSet::clip_norm` against the adapter's own
-//! copy bandwidth, a per-tensor baseline and a CPU loop, in one run.
+//! copy bandwidth, two roofline kernels (a read-only sum and an in-place
+//! multiply), a per-tensor baseline and a CPU loop, in one run.
 //!
 //! `cargo run --release --example bench -- --help`; docs/benchmark.md has the
 //! commands, the JSON schema and the figures measured so far.
 
+mod chunks;
 mod cpu;
 mod measure;
 mod naive;
 mod plot;
 mod report;
+mod roofline;
+mod sweep;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -29,8 +33,19 @@ const NOCLIP_FLOOR_BYTES: u64 = 4;
 const MIN_N: u64 = 100_000;
 /// wgpu's limit on the queries of one query set.
 const MAX_QUERIES: u32 = 4096;
+/// The JSON schema this bench writes.
+const SCHEMA: &str = "gradclip-bench/2";
+/// The tensor counts and norms of a run that names none.
+const DEFAULT_TENSORS: [usize; 3] = [1, 100, 10_000];
+const DEFAULT_NORMS: [NormKind; 2] = [NormKind::L2, NormKind::Inf];
+/// `--targets`: the cases of the performance targets (issue 10).
+const TARGET_SIZES: [u64; 2] = [10_000_000, 25_000_000];
+const TARGET_TENSORS: [usize; 2] = [1, 10_000];
+const TARGET_NORMS: [NormKind; 3] = [NormKind::L2, NormKind::Inf, NormKind::P3];
+const TARGET_ONE_ELEMENT: usize = 200_000;
 
-use measure::{Bench, Buffers, CaseInputs, CpuCase, Samples};
+use measure::{Bench, Buffers, CaseInputs, CpuCase, RooflineCase, Samples};
+use roofline::{Kind, Load, Rooflines, Shape, Walk};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -46,12 +61,59 @@ struct Args {
     /// Explicit sizes instead of decades, e.g. `--sizes 1e5,3e6,2.5e7`.
     #[arg(long, value_delimiter = ',')]
     sizes: Vec<String>,
-    /// Tensor counts; the N elements are split evenly among them.
-    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 100, 10_000])]
+    /// Tensor counts; the N elements are split evenly among them
+    /// [default: 1,100,10000].
+    #[arg(long, value_delimiter = ',')]
     tensors: Vec<usize>,
-    /// Norms to time.
-    #[arg(long, value_delimiter = ',', default_values_t = [NormKind::L2, NormKind::Inf])]
+    /// Norms to time [default: l2,inf].
+    #[arg(long, value_delimiter = ',')]
     norms: Vec<NormKind>,
+    /// Also time every case with `ClipNorm::tensor_norms(true)` in the same
+    /// repetitions (implementation "gradclip-tensor-norms").
+    #[arg(long)]
+    tensor_norms: bool,
+    /// Add cases of this many one-element tensors (N = the count), e.g. 200000.
+    #[arg(long)]
+    one_element: Option<usize>,
+    /// The cases of the performance targets: sizes 1e7,2.5e7, tensors
+    /// 1,10000, norms l2,inf,p3, --tensor-norms, --one-element 200000
+    /// (each unless given explicitly).
+    #[arg(long)]
+    targets: bool,
+    /// Skip the roofline kernels.
+    #[arg(long)]
+    no_roofline: bool,
+    /// Roofline shapes to try, crossed: load widths...
+    #[arg(long, value_delimiter = ',', value_enum)]
+    roof_loads: Vec<Load>,
+    /// ...accumulators (loads in flight) per invocation (1, 2, 4, 8)...
+    #[arg(long, value_delimiter = ',')]
+    roof_acc: Vec<u32>,
+    /// ...workgroup sizes (powers of two)...
+    #[arg(long, value_delimiter = ',')]
+    roof_wg: Vec<u32>,
+    /// ...workgroup counts (1 to 4096)...
+    #[arg(long, value_delimiter = ',')]
+    roof_groups: Vec<u32>,
+    /// ...and walks. Unset dimensions take the tuning defaults (vec4;
+    /// 2,4,8; 64,256; 64,256,1024; grid,blocked,invocation), or with
+    /// --sweep the full grid (vec4,scalar4,scalar1; 1,2,4,8; 64,128,256;
+    /// 16,64,256,1024,4096; grid,blocked,invocation). The fastest read and
+    /// multiply shape of each N (fastest of --tune-reps repetitions) are
+    /// then timed in every case's repetitions.
+    #[arg(long, value_delimiter = ',', value_enum)]
+    roof_walks: Vec<Walk>,
+    /// Repetitions of each candidate shape when choosing the rooflines.
+    #[arg(long, default_value_t = 5)]
+    tune_reps: usize,
+    /// Instead of the clip cases: time every roofline shape, what naga's
+    /// runtime checks cost the fastest, and the per-chunk reduction
+    /// (tree vs subgroup) for --chunk-ks; tables on stdout, --json.
+    #[arg(long)]
+    sweep: bool,
+    /// Chunk lengths of the sweep's per-chunk reduction experiment.
+    #[arg(long, value_delimiter = ',', default_values_t = [1024u32, 2048, 4096, 8192, 16384, 32768, 65536])]
+    chunk_ks: Vec<u32>,
     /// Timed repetitions per case (the median is reported; at least 20).
     #[arg(long, default_value_t = 20)]
     reps: usize,
@@ -77,7 +139,8 @@ struct Args {
     /// CPU adapter): for runs whose figures are meant as GPU figures.
     #[arg(long)]
     require_gpu: bool,
-    /// Write the results as JSON (schema "gradclip-bench/1").
+    /// Write the results as JSON (schema "gradclip-bench/2"; with --sweep
+    /// "gradclip-bench-sweep/1").
     #[arg(long)]
     json: Option<PathBuf>,
     /// Write an SVG plot of effective GB/s against N.
@@ -99,12 +162,14 @@ enum NaiveCases {
 
 impl NaiveCases {
     fn runs(self, norm: NormKind, step: Step) -> bool {
-        match self {
-            NaiveCases::L2Clip => norm == NormKind::L2 && step == Step::Clip,
-            NaiveCases::Clip => step == Step::Clip,
-            NaiveCases::All => true,
-            NaiveCases::None => false,
-        }
+        // The baseline has L2 and Inf kernels only.
+        norm != NormKind::P3
+            && match self {
+                NaiveCases::L2Clip => norm == NormKind::L2 && step == Step::Clip,
+                NaiveCases::Clip => step == Step::Clip,
+                NaiveCases::All => true,
+                NaiveCases::None => false,
+            }
     }
 }
 
@@ -113,6 +178,8 @@ impl NaiveCases {
 pub enum NormKind {
     L2,
     Inf,
+    /// The p = 3 norm, standing for gradclip's general-p path.
+    P3,
 }
 
 impl std::fmt::Display for NormKind {
@@ -120,6 +187,7 @@ impl std::fmt::Display for NormKind {
         f.write_str(match self {
             NormKind::L2 => "l2",
             NormKind::Inf => "inf",
+            NormKind::P3 => "p3",
         })
     }
 }
@@ -159,6 +227,8 @@ pub struct Run {
     reps: usize,
     warmup: usize,
     copy: Vec<CopyResult>,
+    /// The roofline kernels of each N: the shapes kept and what they reached.
+    rooflines: Vec<RooflineResult>,
     results: Vec<CaseResult>,
 }
 
@@ -172,6 +242,47 @@ struct Adapter {
     timestamp_query: bool,
     timestamp_inside_encoders: bool,
     timestamp_inside_passes: bool,
+    /// Features::SUBGROUP, and the subgroup sizes wgpu reports.
+    subgroup: bool,
+    subgroup_min_size: u32,
+    subgroup_max_size: u32,
+}
+
+/// One roofline kernel at one N: the shape kept and its time, the median
+/// over that N's cases (each times it in its own repetitions).
+#[derive(Serialize, Clone)]
+pub struct RooflineKernel {
+    pub shape: Shape,
+    pub label: String,
+    /// Bytes read (read) or read + written (multiply): 16 or 32 per vec4,
+    /// over the first 4 (N / 4) elements.
+    pub bytes: u64,
+    pub seconds: f64,
+    pub gbps: f64,
+}
+
+/// A candidate shape tried when choosing the rooflines of one N.
+#[derive(Serialize, Clone)]
+pub struct Tried {
+    pub kind: Kind,
+    pub shape: Shape,
+    pub label: String,
+    /// Median of --tune-reps runs, on the run's basis.
+    pub seconds: f64,
+    pub gbps: f64,
+    /// The fastest of them, which decides: on a shared machine load only
+    /// adds time, so the fastest run is the closest to the kernel's own.
+    pub min_seconds: f64,
+    pub min_gbps: f64,
+}
+
+#[derive(Serialize, Clone)]
+pub struct RooflineResult {
+    pub n: u64,
+    pub read: RooflineKernel,
+    pub multiply: RooflineKernel,
+    /// Every candidate, fastest first per kind.
+    pub tried: Vec<Tried>,
 }
 
 /// The copy bandwidth of one size: each case measures its own next to its
@@ -191,7 +302,9 @@ pub struct CopyResult {
 
 #[derive(Serialize, Clone)]
 pub struct CaseResult {
-    /// "gradclip", "naive" (a dispatch per tensor), "cpu" (Rust loop), "torch".
+    /// "gradclip", "gradclip-tensor-norms" (the same clip with
+    /// `tensor_norms(true)`), "naive" (a dispatch per tensor), "cpu" (Rust
+    /// loop), "torch".
     pub implementation: String,
     pub n: u64,
     pub tensors: usize,
@@ -219,6 +332,17 @@ pub struct CaseResult {
     /// The copy bandwidth of the same N, measured in this case's repetitions
     /// (interleaved with the clips), bytes read plus bytes written.
     pub limit_gbps: f64,
+    /// The read and multiply rooflines of the same N, measured in this
+    /// case's repetitions (GPU rows only).
+    pub read_roofline_gbps: Option<f64>,
+    pub multiply_roofline_gbps: Option<f64>,
+    /// The time the rooflines need for this step's floor bytes (4 N read,
+    /// plus 8 N multiplied for a clip step) / this step's time.
+    pub roofline_fraction: Option<f64>,
+    /// The same per pass: reduce (or reduce+finalize, naive norms) against
+    /// 4 N bytes at the read roofline; scale against 8 N at the multiply
+    /// roofline (clip steps).
+    pub pass_roofline_fractions: BTreeMap<String, f64>,
     pub total_norm: f32,
     pub coefficient: f32,
 }
@@ -312,6 +436,13 @@ fn even_sizes(n: u64, t: usize) -> Vec<usize> {
         .collect()
 }
 
+/// The roofline rates measured in one case's repetitions.
+#[derive(Clone, Copy)]
+struct RoofRates {
+    read_gbps: f64,
+    multiply_gbps: f64,
+}
+
 /// One case's identity.
 struct Case {
     n: u64,
@@ -329,6 +460,7 @@ impl Case {
         gpu_basis: bool,
         (mut s, (total_norm, coefficient)): (Samples, (f32, f32)),
         (limit, limit_gbps): (&'static str, f64),
+        roofline: Option<RoofRates>,
     ) -> CaseResult {
         let gpu = gpu_basis && !s.gpu_total.is_empty();
         let basis_samples = if gpu { &mut s.gpu_total } else { &mut s.wall };
@@ -336,6 +468,31 @@ impl Case {
         let seconds = median(basis_samples);
         let floor_bytes = self.step.floor_bytes() * self.n;
         let gbps = floor_bytes as f64 / seconds * 1e-9;
+        let passes: BTreeMap<String, f64> = s
+            .passes
+            .iter_mut()
+            .map(|(k, v)| (k.clone(), median(v)))
+            .collect();
+        // Seconds the rooflines need for this case's bytes.
+        let n = self.n as f64;
+        let read_time = roofline.map(|r| 4.0 * n / (r.read_gbps * 1e9));
+        let multiply_time = roofline.map(|r| 8.0 * n / (r.multiply_gbps * 1e9));
+        let mut pass_roofline_fractions = BTreeMap::new();
+        if let (Some(read), Some(multiply)) = (read_time, multiply_time) {
+            for (name, &t) in &passes {
+                let limit = match name.as_str() {
+                    "reduce" | "reduce+finalize" | "norms" => read,
+                    "scale" if self.step == Step::Clip => multiply,
+                    _ => continue,
+                };
+                pass_roofline_fractions.insert(name.clone(), limit / t);
+            }
+        }
+        let roofline_fraction = match (read_time, multiply_time, self.step) {
+            (Some(r), Some(m), Step::Clip) => Some((r + m) / seconds),
+            (Some(r), _, Step::Noclip) => Some(r / seconds),
+            _ => None,
+        };
         CaseResult {
             implementation: implementation.into(),
             n: self.n,
@@ -348,18 +505,48 @@ impl Case {
             min_seconds,
             wall_seconds: median(&mut s.wall),
             record_seconds: (!s.record.is_empty()).then(|| median(&mut s.record)),
-            passes: s
-                .passes
-                .iter_mut()
-                .map(|(k, v)| (k.clone(), median(v)))
-                .collect(),
+            passes,
             gbps,
             copy_fraction: gbps / limit_gbps,
             limit,
             limit_gbps,
+            read_roofline_gbps: roofline.map(|r| r.read_gbps),
+            multiply_roofline_gbps: roofline.map(|r| r.multiply_gbps),
+            roofline_fraction,
+            pass_roofline_fractions,
             total_norm,
             coefficient,
         }
+    }
+
+    /// Checks the per-tensor norms of a `tensor_norms(true)` report against
+    /// the float64 reference of each tensor.
+    fn check_tensor_norms(&self, got: &[f32], want: &[f64], tol: f64) -> Res<()> {
+        if got.len() != want.len() {
+            return Err(format!(
+                "gradclip-tensor-norms N={} tensors={} {}: {} tensor norms reported",
+                self.n,
+                self.tensors,
+                self.norm,
+                got.len()
+            )
+            .into());
+        }
+        for (k, (&g, &w)) in got.iter().zip(want).enumerate() {
+            let err = if w == 0.0 {
+                g.abs() as f64
+            } else {
+                (g as f64 - w).abs() / w
+            };
+            if err.is_nan() || err > tol {
+                return Err(format!(
+                    "gradclip-tensor-norms N={} tensors={} {}: tensor {k} norm {g} (reference {w})",
+                    self.n, self.tensors, self.norm
+                )
+                .into());
+            }
+        }
+        Ok(())
     }
 
     /// Checks that a clip did what the case says: the intended kind of step
@@ -389,11 +576,14 @@ fn open_device(args: &Args) -> Res<(Bench, wgpu::AdapterInfo, Adapter)> {
     let wanted = wgpu::Features::TIMESTAMP_QUERY
         | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
         | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
-    let features = if args.wall {
+    let timing_features = if args.wall {
         wgpu::Features::empty()
     } else {
         adapter.features() & wanted
     };
+    // Subgroups where the adapter has them: gradclip may take a subgroup
+    // fast path (never required), and the sweep compares it with trees.
+    let features = timing_features | (adapter.features() & wgpu::Features::SUBGROUP);
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
         label: Some("gradclip bench device"),
         required_features: features,
@@ -461,6 +651,9 @@ fn open_device(args: &Args) -> Res<(Bench, wgpu::AdapterInfo, Adapter)> {
         timestamp_inside_passes: adapter
             .features()
             .contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
+        subgroup: adapter.features().contains(wgpu::Features::SUBGROUP),
+        subgroup_min_size: info.subgroup_min_size,
+        subgroup_max_size: info.subgroup_max_size,
     };
     let period_ns = queue.get_timestamp_period() as f64;
     Ok((
@@ -523,10 +716,179 @@ fn sizes(args: &Args, device: &wgpu::Device) -> Res<Vec<u64>> {
     Ok(sizes)
 }
 
+/// Tensors above which the per-tensor baseline is left out: it records two
+/// dispatches per tensor, about a second per repetition at 10 000 tensors
+/// on lavapipe.
+const NAIVE_MAX_TENSORS: usize = 10_000;
+
+/// The candidate roofline shapes of each kind: the cross product of the
+/// --roof-* lists, each dimension defaulting to `wide` (--sweep) or the
+/// tuning set, less the shapes the device cannot run.
+fn candidates(args: &Args, rooflines: &Rooflines, wide: bool) -> Res<Vec<Shape>> {
+    let or = |v: &Vec<u32>, narrow: &[u32], full: &[u32]| -> Vec<u32> {
+        if !v.is_empty() {
+            v.clone()
+        } else if wide {
+            full.to_vec()
+        } else {
+            narrow.to_vec()
+        }
+    };
+    let loads = if !args.roof_loads.is_empty() {
+        args.roof_loads.clone()
+    } else if wide {
+        vec![Load::Vec4, Load::Scalar4, Load::Scalar1]
+    } else {
+        vec![Load::Vec4]
+    };
+    let accs = or(&args.roof_acc, &[2, 4, 8], &[1, 2, 4, 8]);
+    let wgs = or(&args.roof_wg, &[64, 256], &[64, 128, 256]);
+    let groups = or(
+        &args.roof_groups,
+        &[64, 256, 1024],
+        &[16, 64, 256, 1024, 4096],
+    );
+    let walks = if args.roof_walks.is_empty() {
+        vec![Walk::Grid, Walk::Blocked, Walk::Invocation]
+    } else {
+        args.roof_walks.clone()
+    };
+    let mut shapes = Vec::new();
+    for &load in &loads {
+        for &acc in &accs {
+            for &workgroup_size in &wgs {
+                for &workgroups in &groups {
+                    for &walk in &walks {
+                        let shape = Shape {
+                            load,
+                            acc,
+                            workgroup_size,
+                            workgroups,
+                            walk,
+                        };
+                        if rooflines.supports(&shape) {
+                            shapes.push(shape);
+                        } else {
+                            eprintln!("roofline shape {} cannot run here: left out", shape.label());
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if shapes.is_empty() {
+        return Err("no roofline shape this device can run".into());
+    }
+    Ok(shapes)
+}
+
+/// Fills `b.grads` with ones, runs `f`, and restores the gradients.
+fn with_ones<T>(bench: &Bench, b: &Buffers, f: impl FnOnce() -> Res<T>) -> Res<T> {
+    let ones = bench
+        .device
+        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("bench ones"),
+            contents: bytemuck::cast_slice(&vec![1.0f32; b.n as usize]),
+            usage: wgpu::BufferUsages::COPY_SRC,
+        });
+    let mut enc = bench
+        .device
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("bench fill ones"),
+        });
+    enc.copy_buffer_to_buffer(&ones, 0, &b.grads, 0, b.n * 4);
+    bench.queue.submit([enc.finish()]);
+    let out = f();
+    bench.restore(b)?;
+    out
+}
+
+/// Times every candidate shape of `kind` round-robin; returns them fastest
+/// first (by their fastest repetition).
+fn tune(
+    bench: &Bench,
+    rooflines: &Rooflines,
+    set: &roofline::RooflineSet,
+    kind: Kind,
+    shapes: &[Shape],
+    reps: usize,
+) -> Res<Vec<Tried>> {
+    rooflines.prepare(kind, shapes, true)?;
+    let jobs: Vec<measure::Job> = shapes
+        .iter()
+        .map(|shape| {
+            Box::new(move |pass: &mut wgpu::ComputePass| {
+                rooflines.record(set, pass, kind, shape, true)
+            }) as measure::Job
+        })
+        .collect();
+    let samples = bench.time_jobs(&jobs, reps, 1)?;
+    let bytes = set.bytes(kind) as f64;
+    let mut tried: Vec<Tried> = shapes
+        .iter()
+        .zip(samples)
+        .map(|(shape, mut s)| {
+            let seconds = median(&mut s);
+            let min_seconds = min_of(&s);
+            Tried {
+                kind,
+                shape: *shape,
+                label: shape.label(),
+                seconds,
+                gbps: bytes / seconds * 1e-9,
+                min_seconds,
+                min_gbps: bytes / min_seconds * 1e-9,
+            }
+        })
+        .collect();
+    tried.sort_by(|a, b| a.min_seconds.total_cmp(&b.min_seconds));
+    Ok(tried)
+}
+
+/// The float64 references of every norm.
+fn reference(norm: NormKind, x: &[f32]) -> f64 {
+    match norm {
+        NormKind::L2 => x.iter().map(|&g| g as f64 * g as f64).sum::<f64>().sqrt(),
+        NormKind::Inf => x.iter().fold(0.0f64, |m, &g| m.max(g.abs() as f64)),
+        NormKind::P3 => x
+            .iter()
+            .map(|&g| (g.abs() as f64).powi(3))
+            .sum::<f64>()
+            .cbrt(),
+    }
+}
+
+/// Relative tolerance of gradclip's norms against the float64 reference.
+fn tolerance(norm: NormKind) -> f64 {
+    match norm {
+        NormKind::L2 | NormKind::P3 => 1e-4,
+        NormKind::Inf => 0.0,
+    }
+}
+
 fn main() -> Res<()> {
     let mut args = Args::parse();
     if args.quick {
         args.warmup = args.warmup.min(1);
+    }
+    if args.targets {
+        if args.sizes.is_empty() {
+            args.sizes = TARGET_SIZES.iter().map(|n| n.to_string()).collect();
+        }
+        if args.tensors.is_empty() {
+            args.tensors = TARGET_TENSORS.to_vec();
+        }
+        if args.norms.is_empty() {
+            args.norms = TARGET_NORMS.to_vec();
+        }
+        args.tensor_norms = true;
+        args.one_element.get_or_insert(TARGET_ONE_ELEMENT);
+    }
+    if args.tensors.is_empty() {
+        args.tensors = DEFAULT_TENSORS.to_vec();
+    }
+    if args.norms.is_empty() {
+        args.norms = DEFAULT_NORMS.to_vec();
     }
     if args.reps < 20 {
         eprintln!(
@@ -537,33 +899,64 @@ fn main() -> Res<()> {
     let (bench, info, adapter) = open_device(&args)?;
     let sizes = sizes(&args, &bench.device)?;
     eprintln!(
-        "adapter: {} ({:?}, {:?}, driver {} {})",
-        info.name, info.backend, info.device_type, info.driver, info.driver_info
+        "adapter: {} ({:?}, {:?}, driver {} {}); SUBGROUP {}, subgroup sizes {}..{}",
+        info.name,
+        info.backend,
+        info.device_type,
+        info.driver,
+        info.driver_info,
+        if adapter.subgroup { "yes" } else { "no" },
+        info.subgroup_min_size,
+        info.subgroup_max_size
     );
+    if args.sweep {
+        return sweep::run(&args, &bench, adapter, &sizes);
+    }
+    let rooflines = if args.no_roofline {
+        None
+    } else {
+        Some(Rooflines::new(&bench.device, &bench.queue)?)
+    };
+    let shapes = match &rooflines {
+        Some(r) => candidates(&args, r, false)?,
+        None => Vec::new(),
+    };
+    // (N, tensor counts) of every case, the one-element case merged in.
+    let mut groups: Vec<(u64, Vec<usize>)> =
+        sizes.iter().map(|&n| (n, args.tensors.clone())).collect();
+    if let Some(k) = args.one_element.filter(|&k| k > 0) {
+        match groups.iter_mut().find(|g| g.0 == k as u64) {
+            Some(g) if !g.1.contains(&k) => g.1.push(k),
+            Some(_) => {}
+            None => groups.push((k as u64, vec![k])),
+        }
+        groups.sort_by_key(|g| g.0);
+    }
     eprintln!(
-        "timing: {}; per-pass GPU timestamps: {}; sizes {:?}, tensors {:?}, norms {:?}, {} reps after {} warm-up",
+        "timing: {}; per-pass GPU timestamps: {}; cases {:?}, norms {:?}, tensor norms {}, {} reps after {} warm-up; rooflines: {}",
         if bench.gpu_basis { "GPU timestamps" } else { "wall clock around submit + wait" },
         if bench.timestamps { "yes" } else { "no" },
-        sizes,
-        args.tensors,
+        groups,
         args.norms,
+        if args.tensor_norms { "too" } else { "no" },
         bench.reps,
-        bench.warmup
+        bench.warmup,
+        if rooflines.is_some() {
+            format!("the fastest of {} shapes per kind and N", shapes.len())
+        } else {
+            "none".into()
+        }
     );
     let started = Instant::now();
     let clipper = gradclip::Clipper::new(&bench.device, &bench.queue)?;
     let naive = naive::Naive::new(&bench.device, &bench.queue);
     let mut copies = Vec::new();
+    let mut roofline_results = Vec::new();
     let mut results = Vec::new();
 
-    for &n in &sizes {
+    for (n, tensor_counts) in &groups {
+        let n = *n;
         let host = gradient(n as usize);
-        let reference_l2 = host
-            .iter()
-            .map(|&g| g as f64 * g as f64)
-            .sum::<f64>()
-            .sqrt();
-        let reference_inf = host.iter().fold(0.0f64, |m, &g| m.max(g.abs() as f64));
         let storage = wgpu::BufferUsages::STORAGE;
         let copy_usage = wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
         let b = Buffers {
@@ -589,14 +982,45 @@ fn main() -> Res<()> {
             }),
         };
         bench.restore(&b)?;
+
+        // The rooflines of this N: every candidate checked on ones, then
+        // the fastest read and multiply shape kept.
+        let roof = match &rooflines {
+            Some(r) if Rooflines::fits(&bench.device, n) => {
+                let set = r.bind(&b.grads, n);
+                r.prepare(Kind::Read, &shapes, true)?;
+                r.prepare(Kind::Multiply, &shapes, true)?;
+                with_ones(&bench, &b, || r.validate(&set, &shapes, &shapes, true))?;
+                let reads = tune(&bench, r, &set, Kind::Read, &shapes, args.tune_reps)?;
+                let muls = tune(&bench, r, &set, Kind::Multiply, &shapes, args.tune_reps)?;
+                eprintln!(
+                    "N = {n}: read roofline {} ({:.1} GB/s fastest, {:.1} median of {}), multiply roofline {} ({:.1} GB/s fastest, {:.1} median)",
+                    reads[0].label,
+                    reads[0].min_gbps,
+                    reads[0].gbps,
+                    args.tune_reps,
+                    muls[0].label,
+                    muls[0].min_gbps,
+                    muls[0].gbps
+                );
+                Some((set, reads, muls))
+            }
+            Some(_) => {
+                eprintln!("N = {n}: no rooflines (the buffer is larger than one binding)");
+                None
+            }
+            None => None,
+        };
+
         let mut work = if args.no_cpu {
             Vec::new()
         } else {
             vec![0.0f32; n as usize]
         };
         let (mut copy_medians, mut host_medians) = (Vec::new(), Vec::new());
+        let (mut read_medians, mut mul_medians) = (Vec::new(), Vec::new());
 
-        for &t in &args.tensors {
+        for &t in tensor_counts {
             if t == 0 || t as u64 > n {
                 continue;
             }
@@ -604,6 +1028,7 @@ fn main() -> Res<()> {
             let layout = gradclip::GradLayout::from_sizes(&tensor_sizes)?;
             let set = clipper.bind(&b.grads, &layout)?;
             let naive_set = (args.naive != NaiveCases::None
+                && t <= NAIVE_MAX_TENSORS
                 && naive::Naive::fits(&bench.device, n))
             .then(|| naive.bind(&b.grads, &tensor_sizes));
             let ranges: Vec<_> = (0..t)
@@ -613,14 +1038,20 @@ fn main() -> Res<()> {
                 })
                 .collect();
             for &norm in &args.norms {
-                let (reference, tol) = match norm {
-                    NormKind::L2 => (reference_l2, 1e-4),
-                    NormKind::Inf => (reference_inf, 0.0),
+                let total = reference(norm, &host);
+                let tol = tolerance(norm);
+                let per_tensor: Vec<f64> = if args.tensor_norms {
+                    ranges
+                        .iter()
+                        .map(|r| reference(norm, &host[r.clone()]))
+                        .collect()
+                } else {
+                    Vec::new()
                 };
                 for step in [Step::Clip, Step::Noclip] {
                     let max_norm = match step {
-                        Step::Clip => 0.5 * reference,
-                        Step::Noclip => 2.0 * reference,
+                        Step::Clip => 0.5 * total,
+                        Step::Noclip => 2.0 * total,
                     } as f32;
                     let case = Case {
                         n,
@@ -631,6 +1062,13 @@ fn main() -> Res<()> {
                     let mut m = bench.run_case(CaseInputs {
                         buffers: &b,
                         set: &set,
+                        tensor_norms: args.tensor_norms,
+                        roofline: roof.as_ref().map(|(set, reads, muls)| RooflineCase {
+                            rooflines: rooflines.as_ref().expect("rooflines exist"),
+                            set,
+                            read: reads[0].shape,
+                            multiply: muls[0].shape,
+                        }),
                         naive: naive_set
                             .as_ref()
                             .filter(|_| args.naive.runs(norm, step))
@@ -646,18 +1084,51 @@ fn main() -> Res<()> {
                     let copy_seconds = median(&mut m.copy);
                     copy_medians.push(copy_seconds);
                     let device_copy = ("device copy", 8.0 * n as f64 / copy_seconds * 1e-9);
-                    case.check("gradclip", reference, m.gradclip.1, tol)?;
-                    results.push(case.result("gradclip", bench.gpu_basis, m.gradclip, device_copy));
+                    let rates = roof.as_ref().map(|(set, _, _)| {
+                        let read = median(&mut m.read_roofline);
+                        let multiply = median(&mut m.multiply_roofline);
+                        read_medians.push(read);
+                        mul_medians.push(multiply);
+                        RoofRates {
+                            read_gbps: set.bytes(Kind::Read) as f64 / read * 1e-9,
+                            multiply_gbps: set.bytes(Kind::Multiply) as f64 / multiply * 1e-9,
+                        }
+                    });
+                    case.check("gradclip", total, m.gradclip.1, tol)?;
+                    results.push(case.result(
+                        "gradclip",
+                        bench.gpu_basis,
+                        m.gradclip,
+                        device_copy,
+                        rates,
+                    ));
+                    if let Some((samples, out, tensor_norms)) = m.tensor_norms {
+                        case.check("gradclip-tensor-norms", total, out, tol)?;
+                        case.check_tensor_norms(&tensor_norms, &per_tensor, tol)?;
+                        results.push(case.result(
+                            "gradclip-tensor-norms",
+                            bench.gpu_basis,
+                            (samples, out),
+                            device_copy,
+                            rates,
+                        ));
+                    }
                     if let Some(out) = m.naive {
-                        case.check("naive", reference, out.1, tol.max(1e-3))?;
-                        results.push(case.result("naive", bench.gpu_basis, out, device_copy));
+                        case.check("naive", total, out.1, tol.max(1e-3))?;
+                        results.push(case.result(
+                            "naive",
+                            bench.gpu_basis,
+                            out,
+                            device_copy,
+                            rates,
+                        ));
                     }
                     if let Some(out) = m.cpu {
                         let host_seconds = median(&mut m.host_copy);
                         host_medians.push(host_seconds);
                         let host_copy = ("host copy", 8.0 * n as f64 / host_seconds * 1e-9);
-                        case.check("cpu", reference, out.1, tol.max(1e-3))?;
-                        results.push(case.result("cpu", false, out, host_copy));
+                        case.check("cpu", total, out.1, tol.max(1e-3))?;
+                        results.push(case.result("cpu", false, out, host_copy, None));
                     }
                     eprint!(".");
                 }
@@ -673,8 +1144,33 @@ fn main() -> Res<()> {
             host_seconds,
             host_gbps: host_seconds.map(|s| 8.0 * n as f64 / s * 1e-9),
         };
+        let mut roofline_note = String::new();
+        if let Some((set, reads, muls)) = roof {
+            let kernel = |kind: Kind, tried: &Tried, medians: &mut Vec<f64>| {
+                let seconds = median(medians);
+                let bytes = set.bytes(kind);
+                RooflineKernel {
+                    shape: tried.shape,
+                    label: tried.label.clone(),
+                    bytes,
+                    seconds,
+                    gbps: bytes as f64 / seconds * 1e-9,
+                }
+            };
+            let r = RooflineResult {
+                n,
+                read: kernel(Kind::Read, &reads[0], &mut read_medians),
+                multiply: kernel(Kind::Multiply, &muls[0], &mut mul_medians),
+                tried: reads.into_iter().chain(muls).collect(),
+            };
+            roofline_note = format!(
+                ", read roofline {:.1} GB/s, multiply roofline {:.1} GB/s",
+                r.read.gbps, r.multiply.gbps
+            );
+            roofline_results.push(r);
+        }
         eprintln!(
-            " N = {n}: device copy {:.1} GB/s{}",
+            " N = {n}: device copy {:.1} GB/s{}{roofline_note}",
             copy.gbps,
             copy.host_gbps
                 .map_or(String::new(), |g| format!(", host copy {g:.1} GB/s"))
@@ -684,7 +1180,7 @@ fn main() -> Res<()> {
     eprintln!("done in {:.1} s", started.elapsed().as_secs_f64());
 
     let run = Run {
-        schema: "gradclip-bench/1",
+        schema: SCHEMA,
         tool: "gradclip",
         date_utc: date_utc(),
         command: std::env::args().collect::<Vec<_>>().join(" "),
@@ -693,6 +1189,7 @@ fn main() -> Res<()> {
         reps: bench.reps,
         warmup: bench.warmup,
         copy: copies,
+        rooflines: roofline_results,
         results,
     };
     print!("{}", report::markdown(&run));
@@ -701,7 +1198,7 @@ fn main() -> Res<()> {
         eprintln!("wrote {}", path.display());
     }
     if let Some(path) = &args.svg {
-        plot::svg(&run.copy, &run.results, &report::plot_title(&run), path)?;
+        plot::svg(&run, &report::plot_title(&run), path)?;
         eprintln!("wrote {}", path.display());
     }
     Ok(())

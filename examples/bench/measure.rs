@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+use crate::roofline::{Kind, RooflineSet, Rooflines, Shape};
 use crate::{cpu, naive, NormKind, Res};
 
 /// Timestamp queries per repetition of each implementation, and where each
@@ -13,11 +14,15 @@ use crate::{cpu, naive, NormKind, Res};
 const GRADCLIP_STAMPS: u32 = gradclip::GradSet::CLIP_TIMESTAMPS;
 const NAIVE_STAMPS: u32 = naive::TIMESTAMPS;
 const COPY_STAMPS: u32 = 2;
+/// Begin and end of the read roofline's pass, then of the multiply's.
+const ROOFLINE_STAMPS: u32 = 4;
 const GRADCLIP_REGION: u32 = 0;
-const NAIVE_REGION: u32 = GRADCLIP_STAMPS;
-const COPY_REGION: u32 = GRADCLIP_STAMPS + NAIVE_STAMPS;
+const TENSOR_NORMS_REGION: u32 = GRADCLIP_REGION + GRADCLIP_STAMPS;
+const NAIVE_REGION: u32 = TENSOR_NORMS_REGION + GRADCLIP_STAMPS;
+const COPY_REGION: u32 = NAIVE_REGION + NAIVE_STAMPS;
+const ROOFLINE_REGION: u32 = COPY_REGION + COPY_STAMPS;
 /// Queries one repetition of a case can write.
-pub const STAMPS_PER_REP: u32 = GRADCLIP_STAMPS + NAIVE_STAMPS + COPY_STAMPS;
+pub const STAMPS_PER_REP: u32 = ROOFLINE_REGION + ROOFLINE_STAMPS;
 
 /// The device and what every measurement shares.
 pub struct Bench {
@@ -89,10 +94,21 @@ pub struct CpuCase<'a> {
     pub ranges: &'a [std::ops::Range<usize>],
 }
 
+/// The rooflines of one case: the bound buffer and the shapes to time.
+pub struct RooflineCase<'a> {
+    pub rooflines: &'a Rooflines,
+    pub set: &'a RooflineSet,
+    pub read: Shape,
+    pub multiply: Shape,
+}
+
 /// One case: the same clip by every implementation that runs it.
 pub struct CaseInputs<'a> {
     pub buffers: &'a Buffers,
     pub set: &'a gradclip::GradSet,
+    /// Also time the clip with `tensor_norms(true)`, in the same repetitions.
+    pub tensor_norms: bool,
+    pub roofline: Option<RooflineCase<'a>>,
     pub naive: Option<(&'a naive::Naive, &'a naive::NaiveSet)>,
     pub cpu: Option<CpuCase<'a>>,
     pub norm: NormKind,
@@ -103,6 +119,11 @@ pub struct CaseInputs<'a> {
 /// last repetition, for the checks.
 pub struct CaseSamples {
     pub gradclip: (Samples, (f32, f32)),
+    /// The `tensor_norms(true)` clip, with its last report's tensor norms.
+    pub tensor_norms: Option<(Samples, (f32, f32), Vec<f32>)>,
+    /// Read and multiply roofline times, on the run's basis.
+    pub read_roofline: Vec<f64>,
+    pub multiply_roofline: Vec<f64>,
     pub naive: Option<(Samples, (f32, f32))>,
     pub cpu: Option<(Samples, (f32, f32))>,
     /// Device copy of the whole buffer, on the run's basis.
@@ -157,27 +178,89 @@ impl Bench {
         self.read_timestamps(region * self.reps as u32, per_rep * self.reps as u32)
     }
 
-    /// Measures one case: per repetition, the device copy, gradclip, the
-    /// per-tensor baseline and the CPU loop, one after the other.
+    /// Records one gradclip clip (with its timestamps from `first`, if the
+    /// device has timestamp queries), submits it and waits; returns
+    /// (record, record + submit + wait) host seconds.
+    fn gradclip_step(
+        &self,
+        set: &gradclip::GradSet,
+        clip: &gradclip::ClipNorm,
+        first: u32,
+    ) -> Res<(f64, f64)> {
+        let queries = self.queries.as_ref().filter(|_| self.timestamps);
+        let mut enc = self.encoder("bench gradclip step");
+        let t0 = Instant::now();
+        match queries {
+            Some(q) => set.clip_norm_timed(&mut enc, clip, q, first)?,
+            None => set.clip_norm(&mut enc, clip)?,
+        }
+        let record = t0.elapsed();
+        self.queue.submit([enc.finish()]);
+        self.wait()?;
+        Ok((record.as_secs_f64(), t0.elapsed().as_secs_f64()))
+    }
+
+    /// Records one roofline pass (with begin and end timestamps at `first`
+    /// where there are timestamp queries), submits it and waits; returns the
+    /// wall seconds.
+    fn roofline_pass(&self, r: &RooflineCase, kind: Kind, first: u32) -> Res<f64> {
+        let shape = match kind {
+            Kind::Read => &r.read,
+            Kind::Multiply => &r.multiply,
+        };
+        let mut enc = self.encoder("bench roofline");
+        let t0 = Instant::now();
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("bench roofline"),
+                timestamp_writes: self.queries.as_ref().filter(|_| self.timestamps).map(|q| {
+                    wgpu::ComputePassTimestampWrites {
+                        query_set: q,
+                        beginning_of_pass_write_index: Some(first),
+                        end_of_pass_write_index: Some(first + 1),
+                    }
+                }),
+            });
+            r.rooflines.record(r.set, &mut pass, kind, shape, true)?;
+        }
+        self.queue.submit([enc.finish()]);
+        self.wait()?;
+        Ok(t0.elapsed().as_secs_f64())
+    }
+
+    /// Measures one case: per repetition, the device copy, gradclip (and
+    /// gradclip with tensor norms), the rooflines, the per-tensor baseline
+    /// and the CPU loop, one after the other.
     pub fn run_case(&self, mut c: CaseInputs) -> Res<CaseSamples> {
         let b = c.buffers;
         let clip = gradclip::ClipNorm::new(c.max_norm).norm(match c.norm {
             NormKind::L2 => gradclip::Norm::L2,
             NormKind::Inf => gradclip::Norm::Inf,
+            NormKind::P3 => gradclip::Norm::P(3.0),
         });
+        let clip_tn = clip.tensor_norms(true);
         if let Some((naive, set)) = c.naive {
             naive.set_max_norm(set, c.max_norm);
         }
+        if let Some(r) = &c.roofline {
+            r.rooflines.prepare(Kind::Read, &[r.read], true)?;
+            r.rooflines.prepare(Kind::Multiply, &[r.multiply], true)?;
+            r.rooflines.set_factor(r.set, 1.0);
+        }
         let queries = self.queries.as_ref().filter(|_| self.timestamps);
         let mut g = Samples::new(self.reps);
+        let mut tn = c.tensor_norms.then(|| Samples::new(self.reps));
         let mut nv = c.naive.map(|_| Samples::new(self.reps));
         let mut cp = c.cpu.as_ref().map(|_| Samples::new(self.reps));
         let mut copy = Vec::with_capacity(self.reps);
         let mut host_copy = Vec::with_capacity(self.reps);
+        let (mut read_wall, mut mul_wall) = (Vec::new(), Vec::new());
         let mut cpu_out = (0.0, 0.0);
+        let (mut report, mut report_tn) = (None, None);
 
         for r in 0..self.warmup + self.reps {
             let keep = r >= self.warmup;
+            let last = r + 1 == self.warmup + self.reps;
 
             // The device copy: the limit, measured next to the clips.
             let mut enc = self.encoder("bench copy");
@@ -196,25 +279,44 @@ impl Bench {
                 copy.push(t0.elapsed().as_secs_f64());
             }
 
-            // gradclip.
+            // gradclip; the reports are read after the last repetition's
+            // step, outside its timing, so that the checks see timed work.
             self.restore(b)?;
-            let mut enc = self.encoder("bench gradclip step");
-            let t0 = Instant::now();
-            match queries {
-                Some(q) => c.set.clip_norm_timed(
-                    &mut enc,
-                    &clip,
-                    q,
-                    self.slot(GRADCLIP_REGION, GRADCLIP_STAMPS, r),
-                )?,
-                None => c.set.clip_norm(&mut enc, &clip)?,
-            }
-            let record = t0.elapsed();
-            self.queue.submit([enc.finish()]);
-            self.wait()?;
+            let (record, wall) =
+                self.gradclip_step(c.set, &clip, self.slot(GRADCLIP_REGION, GRADCLIP_STAMPS, r))?;
             if keep {
-                g.record.push(record.as_secs_f64());
-                g.wall.push(t0.elapsed().as_secs_f64());
+                g.record.push(record);
+                g.wall.push(wall);
+            }
+            if last {
+                report = Some(pollster::block_on(c.set.read_report())?);
+            }
+            if let Some(s) = tn.as_mut() {
+                self.restore(b)?;
+                let (record, wall) = self.gradclip_step(
+                    c.set,
+                    &clip_tn,
+                    self.slot(TENSOR_NORMS_REGION, GRADCLIP_STAMPS, r),
+                )?;
+                if keep {
+                    s.record.push(record);
+                    s.wall.push(wall);
+                }
+                if last {
+                    report_tn = Some(pollster::block_on(c.set.read_report())?);
+                }
+            }
+
+            // The rooflines, from the same restored state as the clips.
+            if let Some(rf) = &c.roofline {
+                self.restore(b)?;
+                let first = self.slot(ROOFLINE_REGION, ROOFLINE_STAMPS, r);
+                let read = self.roofline_pass(rf, Kind::Read, first)?;
+                let mul = self.roofline_pass(rf, Kind::Multiply, first + 2)?;
+                if keep {
+                    read_wall.push(read);
+                    mul_wall.push(mul);
+                }
             }
 
             // The per-tensor baseline.
@@ -262,30 +364,22 @@ impl Bench {
                 .map(|p| (p[1] - p[0]) * 1e-9)
                 .collect();
         }
+        let (mut read_roofline, mut multiply_roofline) = (read_wall, mul_wall);
+        if self.gpu_basis && c.roofline.is_some() {
+            let stamps = self.region(ROOFLINE_REGION, ROOFLINE_STAMPS)?;
+            read_roofline = stamps
+                .chunks_exact(4)
+                .map(|p| (p[1] - p[0]) * 1e-9)
+                .collect();
+            multiply_roofline = stamps
+                .chunks_exact(4)
+                .map(|p| (p[3] - p[2]) * 1e-9)
+                .collect();
+        }
         if queries.is_some() {
-            // 0 reduce begins, 1 finalize begins, 2 finalize ends, 3 scale begins, 4 scale ends.
-            let stamps = self.region(GRADCLIP_REGION, GRADCLIP_STAMPS)?;
-            if self.inside_passes {
-                g.add_stamps(
-                    &stamps,
-                    5,
-                    &[
-                        Some("reduce"),
-                        Some("finalize"),
-                        Some("args_copy"),
-                        Some("scale"),
-                    ],
-                );
-            } else {
-                let merged: Vec<f64> = stamps
-                    .chunks_exact(5)
-                    .flat_map(|s| [s[0], s[2], s[3], s[4]])
-                    .collect();
-                g.add_stamps(
-                    &merged,
-                    4,
-                    &[Some("reduce+finalize"), Some("args_copy"), Some("scale")],
-                );
+            self.gradclip_passes(&mut g, GRADCLIP_REGION)?;
+            if let Some(s) = tn.as_mut() {
+                self.gradclip_passes(s, TENSOR_NORMS_REGION)?;
             }
             if let Some(s) = nv.as_mut() {
                 // Begin and end of the norms, total and scale passes.
@@ -298,17 +392,161 @@ impl Bench {
             }
         }
 
-        let report = pollster::block_on(c.set.read_report())?;
+        let report = report.ok_or("no repetition ran")?;
         let naive = match (c.naive, nv) {
             (Some((naive, set)), Some(s)) => Some((s, naive.read_result(set)?)),
             _ => None,
         };
         Ok(CaseSamples {
             gradclip: (g, (report.total_norm, report.coefficient)),
+            tensor_norms: match (tn, report_tn) {
+                (Some(s), Some(rep)) => {
+                    Some((s, (rep.total_norm, rep.coefficient), rep.tensor_norms))
+                }
+                _ => None,
+            },
+            read_roofline,
+            multiply_roofline,
             naive,
             cpu: cp.map(|s| (s, cpu_out)),
             copy,
             host_copy,
         })
+    }
+
+    /// Splits gradclip's timestamps of one region into passes.
+    fn gradclip_passes(&self, g: &mut Samples, region: u32) -> Res<()> {
+        // 0 reduce begins, 1 finalize begins, 2 finalize ends, 3 scale begins, 4 scale ends.
+        let stamps = self.region(region, GRADCLIP_STAMPS)?;
+        if self.inside_passes {
+            g.add_stamps(
+                &stamps,
+                5,
+                &[
+                    Some("reduce"),
+                    Some("finalize"),
+                    Some("args_copy"),
+                    Some("scale"),
+                ],
+            );
+        } else {
+            let merged: Vec<f64> = stamps
+                .chunks_exact(5)
+                .flat_map(|s| [s[0], s[2], s[3], s[4]])
+                .collect();
+            g.add_stamps(
+                &merged,
+                4,
+                &[Some("reduce+finalize"), Some("args_copy"), Some("scale")],
+            );
+        }
+        Ok(())
+    }
+
+    /// Times single-pass jobs round-robin: each repetition runs every job
+    /// once, each in its own compute pass and submission, so that load
+    /// drifts hit all of them alike. Returns each job's samples on the
+    /// run's basis (pass timestamps, or wall time around submit + wait).
+    pub fn time_jobs(&self, jobs: &[Job], reps: usize, warmup: usize) -> Res<Vec<Vec<f64>>> {
+        let mut out = vec![Vec::with_capacity(reps); jobs.len()];
+        for batch in (0..jobs.len()).collect::<Vec<_>>().chunks(MAX_JOBS_PER_SET) {
+            let timer = self
+                .gpu_basis
+                .then(|| JobTimer::new(&self.device, batch.len()));
+            for r in 0..warmup + reps {
+                let mut wall = Vec::with_capacity(batch.len());
+                for (k, &j) in batch.iter().enumerate() {
+                    let mut enc = self.encoder("bench job");
+                    let t0 = Instant::now();
+                    {
+                        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                            label: Some("bench job"),
+                            timestamp_writes: timer.as_ref().map(|t| {
+                                wgpu::ComputePassTimestampWrites {
+                                    query_set: &t.queries,
+                                    beginning_of_pass_write_index: Some(2 * k as u32),
+                                    end_of_pass_write_index: Some(2 * k as u32 + 1),
+                                }
+                            }),
+                        });
+                        (jobs[j])(&mut pass)?;
+                    }
+                    self.queue.submit([enc.finish()]);
+                    self.wait()?;
+                    wall.push(t0.elapsed().as_secs_f64());
+                }
+                if r < warmup {
+                    continue;
+                }
+                match &timer {
+                    Some(t) => {
+                        let stamps = t.read(self)?;
+                        for (k, &j) in batch.iter().enumerate() {
+                            out[j].push((stamps[2 * k + 1] - stamps[2 * k]) * 1e-9);
+                        }
+                    }
+                    None => {
+                        for (k, &j) in batch.iter().enumerate() {
+                            out[j].push(wall[k]);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// One timed job of [`Bench::time_jobs`]: records its dispatches into a pass.
+pub type Job<'a> = Box<dyn Fn(&mut wgpu::ComputePass) -> Res<()> + 'a>;
+
+/// Jobs one query set can time (two queries each).
+const MAX_JOBS_PER_SET: usize = (crate::MAX_QUERIES / 2) as usize;
+
+/// The query set of one batch of jobs.
+struct JobTimer {
+    queries: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    readback: wgpu::Buffer,
+    count: u32,
+}
+
+impl JobTimer {
+    fn new(device: &wgpu::Device, jobs: usize) -> Self {
+        let count = 2 * jobs as u32;
+        let bytes = count as u64 * 8;
+        Self {
+            queries: device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("bench job timestamps"),
+                ty: wgpu::QueryType::Timestamp,
+                count,
+            }),
+            resolve: device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("bench job timestamp resolve"),
+                size: bytes,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            }),
+            readback: device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("bench job timestamp readback"),
+                size: bytes,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+            count,
+        }
+    }
+
+    /// The batch's timestamps in nanoseconds.
+    fn read(&self, bench: &Bench) -> Res<Vec<f64>> {
+        let mut enc = bench.encoder("bench job resolve");
+        enc.resolve_query_set(&self.queries, 0..self.count, &self.resolve, 0);
+        enc.copy_buffer_to_buffer(&self.resolve, 0, &self.readback, 0, self.count as u64 * 8);
+        bench.queue.submit([enc.finish()]);
+        let bytes = crate::read_mapped(&bench.device, &self.readback)?;
+        Ok(bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()) as f64 * bench.period_ns)
+            .collect())
     }
 }

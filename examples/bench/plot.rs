@@ -1,11 +1,11 @@
 //! The SVG plot: effective GB/s against N, one panel per tensor count, with
-//! the device's copy bandwidth as the line to reach.
+//! the device's copy bandwidth and the rooflines as the lines to reach.
 
 use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::{CaseResult, CopyResult, NormKind, Step};
+use crate::{NormKind, Run, Step};
 
 /// (implementation, norm, step, label, colour) of each plotted series.
 const SERIES: &[(&str, NormKind, Step, &str, RGBColor)] = &[
@@ -38,6 +38,13 @@ const SERIES: &[(&str, NormKind, Step, &str, RGBColor)] = &[
         RGBColor(152, 223, 138),
     ),
     (
+        "gradclip-tensor-norms",
+        NormKind::L2,
+        Step::Clip,
+        "gradclip L2 clip, tensor norms",
+        RGBColor(140, 86, 75),
+    ),
+    (
         "naive",
         NormKind::L2,
         Step::Clip,
@@ -60,6 +67,8 @@ const SERIES: &[(&str, NormKind, Step, &str, RGBColor)] = &[
     ),
 ];
 const COPY_COLOUR: RGBColor = RGBColor(90, 90, 90);
+const READ_ROOF_COLOUR: RGBColor = RGBColor(160, 160, 160);
+const CLIP_ROOF_COLOUR: RGBColor = RGBColor(0, 0, 0);
 const LEGEND_WIDTH: u32 = 250;
 
 /// "1e5" at powers of ten, nothing between them (log axes get a label at
@@ -75,12 +84,25 @@ fn decade_label(v: f64) -> String {
     }
 }
 
-pub fn svg(
-    copies: &[CopyResult],
-    results: &[CaseResult],
-    title: &str,
-    path: &Path,
-) -> Result<(), Box<dyn std::error::Error>> {
+pub fn svg(run: &Run, title: &str, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let (copies, results) = (&run.copy, &run.results);
+    // The rooflines as effective GB/s: a no-clip step at the read roofline,
+    // a clip step with 4 N bytes at the read and 8 N at the multiply one.
+    let read_roof: Vec<(f64, f64)> = run
+        .rooflines
+        .iter()
+        .map(|r| (r.n as f64, r.read.gbps))
+        .collect();
+    let clip_roof: Vec<(f64, f64)> = run
+        .rooflines
+        .iter()
+        .map(|r| {
+            (
+                r.n as f64,
+                12.0 / (4.0 / r.read.gbps + 8.0 / r.multiply.gbps),
+            )
+        })
+        .collect();
     let mut tensor_counts: Vec<usize> = results.iter().map(|r| r.tensors).collect();
     tensor_counts.sort_unstable();
     tensor_counts.dedup();
@@ -93,6 +115,7 @@ pub fn svg(
         .iter()
         .map(|r| r.gbps)
         .chain(copies.iter().map(|c| c.gbps))
+        .chain(read_roof.iter().chain(&clip_roof).map(|p| p.1))
         .filter(|y| y.is_finite() && *y > 0.0);
     let (y_min, y_max) = ys.fold((f64::INFINITY, 0.0f64), |(a, b), y| (a.min(y), b.max(y)));
     let (x_min, x_max) = (x_min / 1.5, x_max * 1.5);
@@ -106,6 +129,14 @@ pub fn svg(
     let panels = plots.split_evenly((1, tensor_counts.len()));
     let mut drawn: Vec<(&str, RGBColor, u32)> =
         vec![("device copy (read + write)", COPY_COLOUR, 3)];
+    if !read_roof.is_empty() {
+        drawn.push(("read roofline (no-clip step limit)", READ_ROOF_COLOUR, 3));
+        drawn.push((
+            "read + multiply roofline (clip step limit)",
+            CLIP_ROOF_COLOUR,
+            1,
+        ));
+    }
     for (panel, &t) in panels.iter().zip(&tensor_counts) {
         let mut chart = ChartBuilder::on(panel)
             .caption(
@@ -128,6 +159,16 @@ pub fn svg(
 
         let copy: Vec<(f64, f64)> = copies.iter().map(|c| (c.n as f64, c.gbps)).collect();
         chart.draw_series(LineSeries::new(copy, COPY_COLOUR.stroke_width(3)))?;
+        if !read_roof.is_empty() {
+            chart.draw_series(LineSeries::new(
+                read_roof.clone(),
+                READ_ROOF_COLOUR.stroke_width(3),
+            ))?;
+            chart.draw_series(LineSeries::new(
+                clip_roof.clone(),
+                CLIP_ROOF_COLOUR.stroke_width(1),
+            ))?;
+        }
 
         for &(imp, norm, step, label, colour) in SERIES {
             let mut points: Vec<(f64, f64)> = results

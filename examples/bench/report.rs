@@ -35,6 +35,18 @@ fn pass(r: &CaseResult, name: &str) -> String {
     r.passes.get(name).map_or("–".into(), |&s| us(s))
 }
 
+fn percent(v: Option<f64>) -> String {
+    v.map_or("–".into(), |v| format!("{}%", sig(100.0 * v)))
+}
+
+/// A pass's fraction of its roofline: reduce (or reduce+finalize) and
+/// naive norms against the read roofline, scale against the multiply one.
+fn pass_fraction(r: &CaseResult, names: &[&str]) -> Option<f64> {
+    names
+        .iter()
+        .find_map(|n| r.pass_roofline_fractions.get(*n).copied())
+}
+
 /// The results as markdown tables.
 pub fn markdown(run: &Run) -> String {
     use std::fmt::Write;
@@ -79,25 +91,60 @@ pub fn markdown(run: &Run) -> String {
             c.host_gbps.map_or("–".into(), |g| format!("{g:.1}"))
         );
     }
+    if !run.rooflines.is_empty() {
+        let _ = writeln!(
+            o,
+            "\n### Rooflines (what a compute shader reaches here)\n\nThe fastest of the candidate shapes of each kind (by the fastest repetition of a short interleaved tuning run; all of them are in the JSON's `tried`), then timed in every case's repetitions like the copy; GB/s is the median over the cases of each N. Read: a sum of vec4 loads, 16 bytes per vec4. Multiply: in place, 16 read + 16 written. Step roofline: the effective GB/s of a clip step whose 4 N bytes read go at the read roofline and 8 N at the multiply roofline.\n"
+        );
+        let _ = writeln!(
+            o,
+            "| N | read GB/s | read shape | multiply GB/s | multiply shape | read / copy | multiply / copy | clip-step roofline GB/s | candidates |"
+        );
+        let _ = writeln!(o, "|---:|---:|---|---:|---|---:|---:|---:|---:|");
+        for r in &run.rooflines {
+            let copy = run
+                .copy
+                .iter()
+                .find(|c| c.n == r.n)
+                .map_or(f64::NAN, |c| c.gbps);
+            let step = 12.0 / (4.0 / r.read.gbps + 8.0 / r.multiply.gbps);
+            let _ = writeln!(
+                o,
+                "| {} | {:.1} | {} | {:.1} | {} | {} | {} | {:.1} | {} |",
+                r.n,
+                r.read.gbps,
+                r.read.label,
+                r.multiply.gbps,
+                r.multiply.label,
+                sig(r.read.gbps / copy),
+                sig(r.multiply.gbps / copy),
+                step,
+                r.tried.len() / 2
+            );
+        }
+    }
     let _ = writeln!(
         o,
-        "\n### Clip steps and no-clip steps\n\nGB/s = floor bytes (12 N for a clip, 4 N for no clip) / time; % copy = that / the copy bandwidth measured in the same case's repetitions (host copy for the CPU rows). Every repetition runs copy, gradclip, naive and cpu in turn, so load changes hit them alike. Passes: gradclip reduce / finalize / indirect-args copy / scale, naive norms / total / scale. e2e = record + submit + wait on the host.\n"
+        "\n### Clip steps and no-clip steps\n\nGB/s = floor bytes (12 N for a clip, 4 N for no clip) / time; % copy = that / the copy bandwidth measured in the same case's repetitions (host copy for the CPU rows); % roof = the time the rooflines of the same repetitions need for those bytes / this time. Every repetition runs copy, gradclip (and gradclip-tensor-norms), the rooflines, naive and cpu in turn, so load changes hit them alike. Passes: gradclip reduce / finalize / indirect-args copy / scale, naive norms / total / scale; reduce % and scale % are those passes against the read and multiply rooflines. e2e = record + submit + wait on the host.\n"
     );
     let _ = writeln!(
         o,
-        "| N | tensors | norm | step | impl | time µs | GB/s | % copy | passes µs | e2e µs | record µs |"
+        "| N | tensors | norm | step | impl | time µs | GB/s | % copy | % roof | reduce % / scale % | passes µs | e2e µs | record µs |"
     );
-    let _ = writeln!(o, "|---:|---:|---|---|---|---:|---:|---:|---|---:|---:|");
+    let _ = writeln!(
+        o,
+        "|---:|---:|---|---|---|---:|---:|---:|---:|---|---|---:|---:|"
+    );
     for r in &run.results {
         let passes = match r.implementation.as_str() {
-            "gradclip" if r.passes.contains_key("reduce") => format!(
+            "gradclip" | "gradclip-tensor-norms" if r.passes.contains_key("reduce") => format!(
                 "{} / {} / {} / {}",
                 pass(r, "reduce"),
                 pass(r, "finalize"),
                 pass(r, "args_copy"),
                 pass(r, "scale")
             ),
-            "gradclip" if !r.passes.is_empty() => format!(
+            "gradclip" | "gradclip-tensor-norms" if !r.passes.is_empty() => format!(
                 "{} (reduce+finalize) / {} / {}",
                 pass(r, "reduce+finalize"),
                 pass(r, "args_copy"),
@@ -111,9 +158,18 @@ pub fn markdown(run: &Run) -> String {
             ),
             _ => "–".into(),
         };
+        let fractions = if r.pass_roofline_fractions.is_empty() {
+            "–".into()
+        } else {
+            format!(
+                "{} / {}",
+                percent(pass_fraction(r, &["reduce", "reduce+finalize", "norms"])),
+                percent(pass_fraction(r, &["scale"]))
+            )
+        };
         let _ = writeln!(
             o,
-            "| {} | {} | {} | {} | {} | {} | {} | {}% | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {}% | {} | {} | {} | {} | {} |",
             r.n,
             r.tensors,
             r.norm,
@@ -122,6 +178,8 @@ pub fn markdown(run: &Run) -> String {
             us(r.seconds),
             sig(r.gbps),
             sig(100.0 * r.copy_fraction),
+            percent(r.roofline_fraction),
+            fractions,
             passes,
             us(r.wall_seconds),
             r.record_seconds.map_or("–".into(), us)
@@ -137,15 +195,27 @@ pub fn markdown(run: &Run) -> String {
                 && r.step == g.step
         })
     };
+    let l2 = |g: &CaseResult| {
+        run.results.iter().find(|r| {
+            r.implementation == "gradclip"
+                && r.n == g.n
+                && r.tensors == g.tensors
+                && r.norm == crate::NormKind::L2
+                && r.step == g.step
+        })
+    };
     let _ = writeln!(
         o,
-        "\n### Ratios (same run)\n\nTime of each baseline / gradclip's time (above 1: gradclip is faster); record time likewise.\n"
+        "\n### gradclip against its limits and baselines (same run)\n\n% roof: the step against the rooflines (read for a no-clip step, read + multiply for a clip step); reduce % read and scale % multiply: those passes against the rooflines (reduce+finalize where the device has no timestamps inside passes); tensor norms / plain: the same clip with `tensor_norms(true)` / without; / L2: this norm's time / the L2 time of the same case. Baseline ratios: their time / gradclip's (above 1: gradclip is faster).\n"
     );
     let _ = writeln!(
         o,
-        "| N | tensors | norm | step | gradclip % copy | naive / gradclip | naive record / gradclip record | cpu / gradclip (wall) |"
+        "| N | tensors | norm | step | % copy | % roof | reduce % read | scale % multiply | tensor norms / plain | / L2 | naive / gradclip | naive record / gradclip record | cpu / gradclip (wall) |"
     );
-    let _ = writeln!(o, "|---:|---:|---|---|---:|---:|---:|---:|");
+    let _ = writeln!(
+        o,
+        "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
     for g in run
         .results
         .iter()
@@ -153,14 +223,20 @@ pub fn markdown(run: &Run) -> String {
     {
         let naive = find("naive", g);
         let cpu = find("cpu", g);
+        let tn = find("gradclip-tensor-norms", g);
         let _ = writeln!(
             o,
-            "| {} | {} | {} | {} | {}% | {} | {} | {} |",
+            "| {} | {} | {} | {} | {}% | {} | {} | {} | {} | {} | {} | {} | {} |",
             g.n,
             g.tensors,
             g.norm,
             g.step.name(),
             sig(100.0 * g.copy_fraction),
+            percent(g.roofline_fraction),
+            percent(pass_fraction(g, &["reduce", "reduce+finalize"])),
+            percent(pass_fraction(g, &["scale"])),
+            tn.map_or("–".into(), |r| sig(r.seconds / g.seconds)),
+            l2(g).map_or("–".into(), |r| sig(g.seconds / r.seconds)),
             naive.map_or("–".into(), |r| sig(r.seconds / g.seconds)),
             naive
                 .and_then(|r| Some(r.record_seconds? / g.record_seconds?))

@@ -40,8 +40,7 @@ pub(super) struct Bindings {
     /// The distinct element paths of the windows, sorted.
     pub paths: Vec<ElementPath>,
     pub has_elements: bool,
-    /// Grid-stride workgroups over per-tensor chunks, and over flat chunks.
-    pub workgroups: u32,
+    /// Grid-stride workgroups over flat chunks (reduce, global scale, clamp).
     pub flat_workgroups: u32,
     /// The gradient buffers, checked before each clip (mapped or destroyed
     /// buffers would make the caller's submission fail).
@@ -350,7 +349,6 @@ fn bindings(
         window_pipelines,
         paths,
         has_elements: !plan.windows.is_empty(),
-        workgroups: bound.workgroups,
         flat_workgroups: bound.flat_workgroups,
         buffers: placed.buffers.iter().map(|b| (*b).clone()).collect(),
         placements: placed.placements.clone(),

@@ -105,7 +105,7 @@ impl GradSet {
     pub fn clip_norm(&self, encoder: &mut wgpu::CommandEncoder, clip: &ClipNorm) -> Result<()> {
         let (reduction, config) = clip.to_record()?;
         self.begin(encoder, config, true)?;
-        self.encode_norm(encoder, reduction, &config, None);
+        self.encode_norm(encoder, reduction, None);
         self.encode_scale(encoder, None);
         Ok(())
     }
@@ -161,7 +161,7 @@ impl GradSet {
         let (reduction, config) = clip.to_record()?;
         self.begin(encoder, config, true)?;
         let timing = Some((query_set, first_index));
-        self.encode_norm(encoder, reduction, &config, timing);
+        self.encode_norm(encoder, reduction, timing);
         self.encode_scale(encoder, timing);
         Ok(())
     }
@@ -202,7 +202,7 @@ impl GradSet {
         let (reduction, mut config) = clip.to_record()?;
         config.flags |= CFG_NO_SCALE;
         self.begin(encoder, config, true)?;
-        self.encode_norm(encoder, reduction, &config, None);
+        self.encode_norm(encoder, reduction, None);
         Ok(())
     }
 
@@ -426,7 +426,6 @@ impl GradSet {
         &self,
         encoder: &mut wgpu::CommandEncoder,
         reduction: Reduction,
-        config: &ClipConfig,
         timing: Timing<'_>,
     ) {
         let mut pass = self.pass(
@@ -435,12 +434,10 @@ impl GradSet {
             timestamp_writes(timing, 0, 2),
         );
         if self.bound.has_elements {
-            // As many workgroups as the shaders stride by (stride_workgroups()).
-            let workgroups = if config.flags & (CFG_TENSOR_NORMS | CFG_PER_TENSOR) != 0 {
-                self.bound.workgroups
-            } else {
-                self.bound.flat_workgroups
-            };
+            // The reduce strides over flat chunks whatever the clip asks for
+            // (per-tensor partials come from the same walk), so the global
+            // norm's bits never depend on the clip's per-tensor options.
+            let workgroups = self.bound.flat_workgroups;
             for (bind_group, elem) in self.window_pipelines() {
                 pass.set_pipeline(elem.reduce(reduction));
                 pass.set_bind_group(0, bind_group, &[]);

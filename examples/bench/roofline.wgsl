@@ -1,0 +1,184 @@
+// Rooflines of the gradclip benchmark: the simplest kernels that move the
+// bytes a clip moves (a read-only sum, an in-place multiply), so that each
+// gradclip pass can be reported as a fraction of what a compute shader
+// reaches on the same driver. Nothing here is gradclip's code. The shape of
+// the loop comes from pipeline overrides; the bench times several shapes
+// and keeps the fastest, so the roofline is the driver's, not one guess's.
+//
+// This file loads vec4<f32>; roofline_scalar.wgsl has the same kernels with
+// scalar loads, to show what the load width is worth.
+
+// Invocations per workgroup; the final tree reduction halves it, so a power of two.
+override WG: u32 = 256u;
+// Independent accumulators per invocation, i.e. loads in flight: 1, 2, 4 or 8.
+override ACC: u32 = 4u;
+// How invocations share the buffer. 0: grid stride over the whole buffer
+// (neighbouring invocations read neighbouring elements, as GPUs want);
+// 1: each workgroup strides through its own contiguous block; 2: each
+// invocation reads its own contiguous run (what a CPU's prefetcher wants);
+// 3: teams of TEAM neighbouring invocations each stride through their own
+// contiguous run, neighbours reading neighbours (both at once, where a
+// SIMD group of the CPU driver is one team and a GPU warp a few).
+override WALK: u32 = 0u;
+// Invocations per team of walk 3; divides WG.
+override TEAM: u32 = 8u;
+
+struct Params {
+    len4: u32,   // vec4 elements the kernels cover
+    len1: u32,   // the same as f32 elements (4 len4), for the scalar kernels
+    factor: f32, // the multiply kernel's constant
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<storage, read> src: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read_write> dst: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> partials: array<f32>;
+@group(0) @binding(3) var<uniform> params: Params;
+
+var<workgroup> wg_sum: array<f32, WG>;
+
+// An invocation's walk: first index, end, stride.
+struct Walk {
+    first: u32,
+    end: u32,
+    stride: u32,
+}
+
+fn walk(wg: u32, groups: u32, lid: u32, len: u32) -> Walk {
+    if WALK == 1u {
+        let per = len / groups + select(0u, 1u, len % groups != 0u);
+        let begin = min(wg * per, len);
+        return Walk(begin + lid, min(begin + per, len), WG);
+    }
+    if WALK == 2u {
+        let threads = groups * WG;
+        let per = len / threads + select(0u, 1u, len % threads != 0u);
+        let begin = min((wg * WG + lid) * per, len);
+        return Walk(begin, min(begin + per, len), 1u);
+    }
+    if WALK == 3u {
+        let teams = groups * (WG / TEAM);
+        let per = (len / teams + select(0u, 1u, len % teams != 0u) + TEAM - 1u) / TEAM * TEAM;
+        let begin = min((wg * (WG / TEAM) + lid / TEAM) * per, len);
+        return Walk(begin + lid % TEAM, min(begin + per, len), TEAM);
+    }
+    return Walk(wg * WG + lid, len, groups * WG);
+}
+
+// Folds every invocation's value into partials[wg]: once per workgroup, so
+// its barriers do not count against the bandwidth.
+fn workgroup_total(wg: u32, lid: u32, v: f32) {
+    wg_sum[lid] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if lid < s {
+            wg_sum[lid] += wg_sum[lid + s];
+        }
+        workgroupBarrier();
+    }
+    if lid == 0u {
+        partials[wg] = wg_sum[0];
+    }
+}
+
+// read_vec4 — reads: src[0 .. params.len4). Writes: partials[wg] = the sum
+// of the vec4 components its workgroup read. Dispatch: (G, 1, 1), any G;
+// each invocation keeps ACC vec4 accumulators, ACC loads per iteration.
+@compute @workgroup_size(WG)
+fn read_vec4(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let w = walk(wg.x, groups.x, lid, params.len4);
+    let st = w.stride;
+    var a0 = vec4<f32>();
+    var a1 = vec4<f32>();
+    var a2 = vec4<f32>();
+    var a3 = vec4<f32>();
+    var a4 = vec4<f32>();
+    var a5 = vec4<f32>();
+    var a6 = vec4<f32>();
+    var a7 = vec4<f32>();
+    var i = w.first;
+    // The ACC guards are constants once the overrides are set: the driver
+    // sees straight-line code with exactly ACC independent loads.
+    while i + (ACC - 1u) * st < w.end {
+        a0 += src[i];
+        if ACC >= 2u {
+            a1 += src[i + st];
+        }
+        if ACC >= 4u {
+            a2 += src[i + 2u * st];
+            a3 += src[i + 3u * st];
+        }
+        if ACC >= 8u {
+            a4 += src[i + 4u * st];
+            a5 += src[i + 5u * st];
+            a6 += src[i + 6u * st];
+            a7 += src[i + 7u * st];
+        }
+        i += ACC * st;
+    }
+    for (; i < w.end; i += st) {
+        a0 += src[i];
+    }
+    let v = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7));
+    workgroup_total(wg.x, lid, (v.x + v.y) + (v.z + v.w));
+}
+
+// mul_vec4 — reads and writes: dst[0 .. params.len4), multiplied by
+// params.factor in place. Dispatch: (G, 1, 1), any G; each invocation
+// issues ACC loads before its ACC stores.
+@compute @workgroup_size(WG)
+fn mul_vec4(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let w = walk(wg.x, groups.x, lid, params.len4);
+    let st = w.stride;
+    let f = params.factor;
+    var i = w.first;
+    while i + (ACC - 1u) * st < w.end {
+        let v0 = dst[i];
+        var v1 = vec4<f32>();
+        var v2 = vec4<f32>();
+        var v3 = vec4<f32>();
+        var v4 = vec4<f32>();
+        var v5 = vec4<f32>();
+        var v6 = vec4<f32>();
+        var v7 = vec4<f32>();
+        if ACC >= 2u {
+            v1 = dst[i + st];
+        }
+        if ACC >= 4u {
+            v2 = dst[i + 2u * st];
+            v3 = dst[i + 3u * st];
+        }
+        if ACC >= 8u {
+            v4 = dst[i + 4u * st];
+            v5 = dst[i + 5u * st];
+            v6 = dst[i + 6u * st];
+            v7 = dst[i + 7u * st];
+        }
+        dst[i] = v0 * f;
+        if ACC >= 2u {
+            dst[i + st] = v1 * f;
+        }
+        if ACC >= 4u {
+            dst[i + 2u * st] = v2 * f;
+            dst[i + 3u * st] = v3 * f;
+        }
+        if ACC >= 8u {
+            dst[i + 4u * st] = v4 * f;
+            dst[i + 5u * st] = v5 * f;
+            dst[i + 6u * st] = v6 * f;
+            dst[i + 7u * st] = v7 * f;
+        }
+        i += ACC * st;
+    }
+    for (; i < w.end; i += st) {
+        dst[i] = dst[i] * f;
+    }
+}

@@ -1,0 +1,230 @@
+//! Determinism across options and element paths (issue 9, item 12): the
+//! global norm, its partial and the clipped gradients have the same bits
+//! whether or not a clip asks for per-tensor norms or per-tensor clipping,
+//! and f16 gradients give the same bits on the native (`shader-f16`) and the
+//! packed path, per-tensor norms and per-tensor clips included.
+
+mod common;
+
+use common::{assert_no_wgpu_errors, gpu, GRAD_USAGE};
+use gradclip::{ClipNorm, ClipReport, Clipper, ElementPath, GradLayout, GradType, Norm};
+use wgpu::util::DeviceExt;
+
+/// Layout 0: odd lengths, tensors that straddle chunk boundaries (32768
+/// elements) and runs of tiny tensors, so that per-tensor and flat cuts of
+/// the elements differ everywhere.
+const FIXED: [usize; 12] = [1, 3, 1000, 40_001, 7, 70_000, 2, 5003, 1, 33_333, 64, 9];
+
+/// Layouts 1.. have a few tensors of random sizes and random values: a
+/// rounding that depends on how the elements are cut shows in some of them.
+const SEEDS: u64 = 8;
+
+const NORMS: [Norm; 4] = [Norm::L2, Norm::Inf, Norm::P(3.0), Norm::L1];
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// Deterministic values spread over 24 binades, a few below Blue's medium
+/// band (its small bin). None above it: one such element would dominate the
+/// sum and hide every rounding of the others, whose order is the point.
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ seed.wrapping_mul(0x2545_f491_4f6c_dd1d));
+    (0..n)
+        .map(|i| {
+            let r = rng.next();
+            let mant = 1.0 + (r >> 40) as f32 / (1u64 << 24) as f32;
+            let sign = if r & 1 == 0 { 1.0 } else { -1.0 };
+            let exp = match i % 997 {
+                0 => -70, // below 2^-63: the small bin
+                _ => ((r >> 8) % 24) as i32 - 12,
+            };
+            sign * mant * 2f32.powi(exp)
+        })
+        .collect()
+}
+
+/// The sizes of layout `seed`: FIXED for 0, else 2 to 6 tensors of 1 to 60 000 elements.
+fn sizes(seed: u64) -> Vec<usize> {
+    if seed == 0 {
+        return FIXED.to_vec();
+    }
+    let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let n = 2 + rng.next() % 5;
+    (0..n).map(|_| 1 + (rng.next() % 60_000) as usize).collect()
+}
+
+fn buffer(bytes: &[u8]) -> wgpu::Buffer {
+    gpu()
+        .device
+        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("determinism gradients"),
+            contents: bytes,
+            usage: GRAD_USAGE,
+        })
+}
+
+fn read_words(buffer: &wgpu::Buffer) -> Vec<u32> {
+    let g = gpu();
+    let floats = common::download(&g.device, &g.queue, buffer, (buffer.size() / 4) as usize);
+    floats.iter().map(|x| x.to_bits()).collect()
+}
+
+/// One clip on a fresh buffer holding `bytes`: the report and the buffer's
+/// words afterwards.
+fn clip_once(
+    clipper: &Clipper,
+    layout: &GradLayout,
+    ty: GradType,
+    bytes: &[u8],
+    clip: &ClipNorm,
+) -> (ClipReport, Vec<u32>) {
+    let g = gpu();
+    let buf = buffer(bytes);
+    let set = clipper.bind_as(&buf, layout, ty).unwrap();
+    let mut encoder = g.device.create_command_encoder(&Default::default());
+    set.clip_norm(&mut encoder, clip).unwrap();
+    g.queue.submit([encoder.finish()]);
+    let report = pollster::block_on(set.read_report()).unwrap();
+    let words = read_words(&buf);
+    assert_no_wgpu_errors();
+    (report, words)
+}
+
+fn bits(xs: &[f32]) -> Vec<u32> {
+    xs.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The global results of a report: the norm, the factor and the partial.
+fn global(r: &ClipReport) -> (u32, u32, [u8; 16]) {
+    (
+        r.total_norm.to_bits(),
+        r.coefficient.to_bits(),
+        r.partial.to_bytes(),
+    )
+}
+
+#[test]
+fn global_norm_ignores_per_tensor_options() {
+    let g = gpu();
+    for seed in 0..SEEDS {
+        let sizes = sizes(seed);
+        let layout = GradLayout::from_sizes(&sizes).unwrap();
+        for norm in NORMS {
+            let data = values(sizes.iter().sum(), seed);
+            let bytes: &[u8] = bytemuck::cast_slice(&data);
+            // A max norm well below the total: every option clips.
+            let base = ClipNorm::new(1e-3).norm(norm);
+            let (plain, plain_grads) = clip_once(&g.clipper, &layout, GradType::F32, bytes, &base);
+            let (logged, logged_grads) = clip_once(
+                &g.clipper,
+                &layout,
+                GradType::F32,
+                bytes,
+                &base.tensor_norms(true),
+            );
+            let (per_tensor, _) = clip_once(
+                &g.clipper,
+                &layout,
+                GradType::F32,
+                bytes,
+                &base.per_tensor(true),
+            );
+            assert!(plain.coefficient < 1.0, "{norm:?}: the clip must scale");
+            assert_eq!(
+                global(&plain),
+                global(&logged),
+                "layout {seed} {norm:?}: tensor_norms(true) moved the global norm"
+            );
+            assert_eq!(
+                global(&plain),
+                global(&per_tensor),
+                "layout {seed} {norm:?}: per_tensor(true) moved the global norm"
+            );
+            assert_eq!(
+                plain_grads, logged_grads,
+                "{norm:?}: tensor_norms(true) changed the clipped gradients"
+            );
+            assert_eq!(logged.tensor_norms.len(), sizes.len());
+            assert_eq!(
+                bits(&logged.tensor_norms),
+                bits(&per_tensor.tensor_norms),
+                "{norm:?}: per-tensor norms differ between tensor_norms and per_tensor"
+            );
+        }
+    }
+}
+
+/// f16 bits of `data` (round to nearest even by the `half` crate), packed
+/// as `bind_as` expects, padding elements holding a NaN that no pass may read.
+fn f16_bytes(layout: &GradLayout, data: &[f32]) -> Vec<u8> {
+    let mut out = vec![0x7e01u16; layout.packed_elements(GradType::F16) as usize];
+    for t in 0..layout.len() {
+        let r = layout.range(t);
+        let p = layout.packed_range(t, GradType::F16);
+        for (k, x) in data[r.start as usize..r.end as usize].iter().enumerate() {
+            // Keep every value inside f16's range.
+            out[p.start as usize + k] = half::f16::from_f32(x.clamp(-6e4, 6e4)).to_bits();
+        }
+    }
+    bytemuck::cast_slice(&out).to_vec()
+}
+
+#[test]
+fn native_and_packed_f16_give_the_same_bits() {
+    let g = gpu();
+    if !g.device.features().contains(wgpu::Features::SHADER_F16) {
+        // GL and SwiftShader have no shader-f16: every f16 clip there takes
+        // the packed path, so there is nothing that could differ. Lavapipe
+        // (in CI) has it and runs the comparison.
+        assert_eq!(g.clipper.f16_path(), ElementPath::F16Packed);
+        eprintln!(
+            "{}: no shader-f16, only the packed f16 path exists",
+            g.info.name
+        );
+        return;
+    }
+    let native = g.clipper.clone();
+    assert_eq!(native.f16_path(), ElementPath::F16Native);
+    let packed = Clipper::without_shader_f16(&g.device, &g.queue).unwrap();
+    for seed in 0..SEEDS {
+        let sizes = sizes(seed);
+        let layout = GradLayout::from_sizes(&sizes).unwrap();
+        for norm in NORMS {
+            let data = values(sizes.iter().sum(), seed);
+            let bytes = f16_bytes(&layout, &data);
+            let base = ClipNorm::new(1e-3).norm(norm);
+            for clip in [base, base.tensor_norms(true), base.per_tensor(true)] {
+                let (a, a_words) = clip_once(&native, &layout, GradType::F16, &bytes, &clip);
+                let (b, b_words) = clip_once(&packed, &layout, GradType::F16, &bytes, &clip);
+                assert!(a.coefficient < 1.0, "{clip:?}: the clip must scale");
+                assert_eq!(
+                    global(&a),
+                    global(&b),
+                    "layout {seed} {clip:?}: global results differ"
+                );
+                assert_eq!(
+                    bits(&a.tensor_norms),
+                    bits(&b.tensor_norms),
+                    "layout {seed} {clip:?}: per-tensor norms differ"
+                );
+                assert_eq!(
+                    bits(&a.tensor_coefficients),
+                    bits(&b.tensor_coefficients),
+                    "{clip:?}: per-tensor factors differ"
+                );
+                assert_eq!(
+                    a_words, b_words,
+                    "layout {seed} {clip:?}: clipped gradients differ"
+                );
+            }
+        }
+    }
+}
