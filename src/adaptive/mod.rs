@@ -336,7 +336,7 @@ impl AdaptiveClip {
                     "AdaGC on a set rebound since the AdaptiveClip was made",
                 ));
             }
-            set.record_norm(encoder, &clip.tensor_norms(true))?;
+            set.record_norm_for_tensor_scale(encoder, clip)?;
             self.encode_pass(encoder);
             set.scale_from_stats(encoder);
             return Ok(());

@@ -42,6 +42,8 @@ pub(super) struct Bindings {
     pub has_elements: bool,
     /// Grid-stride workgroups over flat chunks (reduce, global scale, clamp).
     pub flat_workgroups: u32,
+    /// Grid-stride workgroups over segments (the per-tensor scale walk).
+    pub tensor_workgroups: u32,
     /// The gradient buffers, checked before each clip (mapped or destroyed
     /// buffers would make the caller's submission fail).
     pub buffers: Vec<wgpu::Buffer>,
@@ -350,6 +352,7 @@ fn bindings(
         paths,
         has_elements: !plan.windows.is_empty(),
         flat_workgroups: bound.flat_workgroups,
+        tensor_workgroups: bound.workgroups,
         buffers: placed.buffers.iter().map(|b| (*b).clone()).collect(),
         placements: placed.placements.clone(),
     })

@@ -345,7 +345,23 @@ impl GradSet {
     /// Grid-stride workgroups of the per-tensor chunk walk (what finalize
     /// puts in the scale dispatch of a per-tensor clip).
     pub(crate) fn tensor_workgroups(&self) -> u32 {
-        self.bound.workgroups
+        self.bound.tensor_workgroups
+    }
+
+    /// AdaGC's norm step: [`record_norm`](Self::record_norm) with per-tensor
+    /// norms, its config marked per-tensor so that the scale pass recorded
+    /// later ([`scale_from_stats`](Self::scale_from_stats)) walks segments
+    /// and applies each tensor's factor (a flat chunk can span tensors).
+    pub(crate) fn record_norm_for_tensor_scale(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        clip: &ClipNorm,
+    ) -> Result<()> {
+        let (reduction, mut config) = clip.tensor_norms(true).to_record()?;
+        config.flags |= CFG_NO_SCALE | CFG_PER_TENSOR;
+        self.begin(encoder, config, true)?;
+        self.encode_norm(encoder, reduction, None);
+        Ok(())
     }
 
     /// Records value clipping: every element clamped to `[min, max]` in
