@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use burn::grad_clipping::GradientClippingConfig;
 use burn::nn::{Linear, LinearConfig};
-use burn::optim::{GradientsParams, Optimizer, SgdConfig};
+use burn::optim::{GradientsParams, SgdConfig};
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use clap::Parser;
@@ -111,7 +111,11 @@ fn train(
     let mut optimizer = config.init();
     // Every run measures the global norm with gradclip; the unclipped runs
     // "clip" at f32::MAX, which multiplies by exactly 1 (nothing is scaled).
-    let max_norm = if method == Method::GradclipGlobal { args.max_norm } else { f32::MAX };
+    let max_norm = if method == Method::GradclipGlobal {
+        args.max_norm
+    } else {
+        f32::MAX
+    };
     let mut clipper = GradClipper::new(setup, ClipNorm::new(max_norm))?;
     let mut losses = Vec::new();
     let mut norms = Vec::new();
@@ -125,25 +129,47 @@ fn train(
         clip_host += started.elapsed();
         model = optimizer.step(args.lr, model, grads);
         // Reading the loss waits for the step; the norm comes back without waiting.
-        losses.push(loss.into_scalar().elem::<f64>());
-        norms.extend(clipper.poll_reports()?.reports.iter().map(|r| r.total_norm as f64));
+        losses.push(loss.into_scalar::<f32>() as f64);
+        norms.extend(
+            clipper
+                .poll_reports()?
+                .reports
+                .iter()
+                .map(|r| r.total_norm as f64),
+        );
     }
-    norms.extend(clipper.take_reports()?.reports.iter().map(|r| r.total_norm as f64));
-    Ok(Run { losses, norms, clip_host, rebinds: clipper.rebinds() })
+    norms.extend(
+        clipper
+            .take_reports()?
+            .reports
+            .iter()
+            .map(|r| r.total_norm as f64),
+    );
+    Ok(Run {
+        losses,
+        norms,
+        clip_host,
+        rebinds: clipper.rebinds(),
+    })
 }
 
 fn plot(path: &str, runs: &[(Method, Run)]) -> Result<(), Box<dyn std::error::Error>> {
     let root = SVGBackend::new(path, (1000, 760)).into_drawing_area();
     root.fill(&WHITE)?;
     let (top, bottom) = root.split_vertically(380);
-    let colors = [RED, BLUE, GREEN.mix(0.9).to_rgba().into()];
+    let colors = [RED, BLUE, RGBColor(0, 150, 0)];
     let panels: [(&DrawingArea<_, _>, &str, fn(&Run) -> &Vec<f64>); 2] = [
         (&top, "training loss (MSE)", |r| &r.losses),
-        (&bottom, "global gradient norm before clipping", |r| &r.norms),
+        (&bottom, "global gradient norm before clipping", |r| {
+            &r.norms
+        }),
     ];
     for (area, title, series) in panels {
         let finite = |v: &f64| v.is_finite() && *v > 0.0;
-        let all: Vec<f64> = runs.iter().flat_map(|(_, r)| series(r).iter().copied().filter(finite)).collect();
+        let all: Vec<f64> = runs
+            .iter()
+            .flat_map(|(_, r)| series(r).iter().copied().filter(finite))
+            .collect();
         let lo = all.iter().copied().fold(f64::INFINITY, f64::min).max(1e-6);
         let hi = all.iter().copied().fold(0.0, f64::max).max(lo * 10.0);
         let steps = runs.iter().map(|(_, r)| series(r).len()).max().unwrap_or(1);
@@ -164,9 +190,15 @@ fn plot(path: &str, runs: &[(Method, Run)]) -> Result<(), Box<dyn std::error::Er
             chart
                 .draw_series(LineSeries::new(points, color.stroke_width(2)))?
                 .label(method.name())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
         }
-        chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
     }
     root.present()?;
     Ok(())
@@ -178,10 +210,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("adapter: {}", setup.adapter.get_info().name);
     let device = device.autodiff();
     let mut runs = Vec::new();
-    for method in [Method::None, Method::BurnPerParameter, Method::GradclipGlobal] {
+    for method in [
+        Method::None,
+        Method::BurnPerParameter,
+        Method::GradclipGlobal,
+    ] {
         let run = train(method, &args, &device, &setup)?;
         let last = run.losses.last().copied().unwrap_or(f64::NAN);
-        let best = run.losses.iter().copied().filter(|v| v.is_finite()).fold(f64::INFINITY, f64::min);
+        let best = run
+            .losses
+            .iter()
+            .copied()
+            .filter(|v| v.is_finite())
+            .fold(f64::INFINITY, f64::min);
         let nonfinite = run.losses.iter().filter(|v| !v.is_finite()).count();
         println!(
             "{:<45} final loss {last:>10.4}  best {best:>8.4}  non-finite steps {nonfinite:>3}  max norm {:>10.3e}  clip() host {:>6.1} us/step  rebinds {}",

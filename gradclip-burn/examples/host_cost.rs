@@ -69,9 +69,17 @@ impl Gpt {
     fn loss(&self, tokens: Tensor<2, Int>, positions: Tensor<2, Int>) -> Tensor<1> {
         let mut h = self.wte.forward(tokens) + self.wpe.forward(positions);
         for b in &self.blocks {
-            let [q, k, v] = b.qkv.forward(b.ln1.forward(h.clone())).chunk(3, 2).try_into().unwrap();
+            let [q, k, v] = b
+                .qkv
+                .forward(b.ln1.forward(h.clone()))
+                .chunk(3, 2)
+                .try_into()
+                .unwrap();
             h = h + b.proj.forward((q * k).tanh() + v);
-            h = h.clone() + b.out.forward(burn::tensor::activation::gelu(b.fc.forward(b.ln2.forward(h))));
+            h = h.clone()
+                + b.out.forward(burn::tensor::activation::gelu(
+                    b.fc.forward(b.ln2.forward(h)),
+                ));
         }
         self.ln_f.forward(h).powi_scalar(2).mean()
     }
@@ -84,14 +92,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let device = device.autodiff();
     let model = Gpt::new(args.width, &device);
     let tokens = Tensor::<2, Int>::random([4, 16], Distribution::Uniform(0.0, 64.0), &device);
-    let positions = Tensor::<1, Int>::arange(0..16, &device).unsqueeze_dim::<2>(0).repeat_dim(0, 4);
+    let positions = Tensor::<1, Int>::arange(0..16, &device)
+        .unsqueeze_dim::<2>(0)
+        .repeat_dim(0, 4);
     let mut clipper = GradClipper::new(&setup, ClipNorm::new(1.0))?;
     let mut kept: Option<GradientsParams> = None;
     for (mode, keep) in [("steady state", false), ("rebind every step", true)] {
         let (mut host, mut tensors) = (Duration::ZERO, 0);
         let rebinds_before = clipper.rebinds();
         for step in 0..args.steps + 3 {
-            let grads = GradientsParams::from_grads(model.loss(tokens.clone(), positions.clone()).backward(), &model);
+            let grads = GradientsParams::from_grads(
+                model.loss(tokens.clone(), positions.clone()).backward(),
+                &model,
+            );
             tensors = grads.len();
             let started = Instant::now();
             let grads = clipper.clip(&model, grads)?;

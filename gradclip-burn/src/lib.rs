@@ -138,14 +138,22 @@ impl GradClipper {
     /// burn's queue after burn's pending work; nothing is read back and
     /// nothing waits. On an error nothing was recorded, and the gradients
     /// are dropped (use [`clip_in_place`](Self::clip_in_place) to keep them).
-    pub fn clip<M: Module>(&mut self, model: &M, mut grads: GradientsParams) -> Result<GradientsParams> {
+    pub fn clip<M: Module>(
+        &mut self,
+        model: &M,
+        mut grads: GradientsParams,
+    ) -> Result<GradientsParams> {
         self.clip_in_place(model, &mut grads)?;
         Ok(grads)
     }
 
     /// [`clip`](Self::clip) on borrowed gradients: on an error they are left
     /// as they were.
-    pub fn clip_in_place<M: Module>(&mut self, model: &M, grads: &mut GradientsParams) -> Result<()> {
+    pub fn clip_in_place<M: Module>(
+        &mut self,
+        model: &M,
+        grads: &mut GradientsParams,
+    ) -> Result<()> {
         let params = params::collect(model);
         let mut taken: Vec<Taken> = Vec::new();
         let mut result = self.take_all(&params, grads, &mut taken);
@@ -203,7 +211,7 @@ impl GradClipper {
             .iter()
             .zip(&resources)
             .map(|(t, r)| {
-                let r = r.resource();
+                let r = &r.resource;
                 let bytes = storage::bytes(t, params[t.param].elements);
                 (
                     wgpu::BufferBinding {
@@ -224,7 +232,8 @@ impl GradClipper {
                 bound.set.rebind_ranges(&ranges)?;
             }
             _ => {
-                let names: Vec<String> = taken.iter().map(|t| params[t.param].path.clone()).collect();
+                let names: Vec<String> =
+                    taken.iter().map(|t| params[t.param].path.clone()).collect();
                 let named: Vec<(&str, usize)> = names
                     .iter()
                     .zip(&key)
@@ -246,9 +255,11 @@ impl GradClipper {
             }
         }
         let set = &self.bound.as_ref().expect("bound above").set;
-        let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
-            label: Some("gradclip-burn clip"),
-        });
+        let mut encoder = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("gradclip-burn clip"),
+            });
         match &self.clip {
             Clip::Norm(clip) => set.clip_norm(&mut encoder, clip)?,
             Clip::Value { min, max } => set.clip_value(&mut encoder, *min, *max)?,
@@ -365,7 +376,7 @@ fn check(clip: &Clip) -> Result<()> {
 /// may hand out one tensor as the gradient of two parameters.
 fn shared_storage(
     taken: &[Taken],
-    resources: &[storage::Managed],
+    resources: &[storage::Held],
     params: &[ParamInfo],
 ) -> Vec<usize> {
     let mut spans: Vec<(&wgpu::Buffer, u64, u64, usize)> = taken
@@ -373,7 +384,7 @@ fn shared_storage(
         .zip(resources)
         .enumerate()
         .map(|(i, (t, r))| {
-            let r = r.resource();
+            let r = &r.resource;
             let end = r.offset + storage::bytes(t, params[t.param].elements);
             (&r.buffer, r.offset, end, i)
         })

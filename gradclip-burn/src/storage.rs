@@ -23,8 +23,12 @@ use crate::params::ParamInfo;
 /// burn's float tensor primitive on the wgpu backend.
 pub(crate) type Fused = <Wgpu as BackendTypes>::FloatTensorPrimitive;
 
-/// The resource of a cubecl handle, kept alive and in place while held.
-pub(crate) type Managed = burn::cubecl::server::ManagedResource<WgpuResource>;
+/// The resource of a cubecl handle, and cubecl's guard that keeps the
+/// allocation alive and in place while held.
+pub(crate) struct Held {
+    pub resource: WgpuResource,
+    _guard: Box<dyn std::any::Any>,
+}
 
 /// One gradient taken out of `GradientsParams` for the clip.
 pub(crate) struct Taken {
@@ -40,14 +44,38 @@ pub(crate) struct Taken {
 macro_rules! by_rank {
     ($rank:expr, $d:ident => $body:expr, $other:expr) => {
         match $rank {
-            1 => { const $d: usize = 1; $body }
-            2 => { const $d: usize = 2; $body }
-            3 => { const $d: usize = 3; $body }
-            4 => { const $d: usize = 4; $body }
-            5 => { const $d: usize = 5; $body }
-            6 => { const $d: usize = 6; $body }
-            7 => { const $d: usize = 7; $body }
-            8 => { const $d: usize = 8; $body }
+            1 => {
+                const $d: usize = 1;
+                $body
+            }
+            2 => {
+                const $d: usize = 2;
+                $body
+            }
+            3 => {
+                const $d: usize = 3;
+                $body
+            }
+            4 => {
+                const $d: usize = 4;
+                $body
+            }
+            5 => {
+                const $d: usize = 5;
+                $body
+            }
+            6 => {
+                const $d: usize = 6;
+                $body
+            }
+            7 => {
+                const $d: usize = 7;
+                $body
+            }
+            8 => {
+                const $d: usize = 8;
+                $body
+            }
             _ => $other,
         }
     };
@@ -134,15 +162,19 @@ pub(crate) fn bytes(taken: &Taken, elements: usize) -> u64 {
 }
 
 /// The wgpu resource that holds `taken`'s storage, kept in place while held.
-pub(crate) fn resource(taken: &Taken, path: &str) -> Result<Managed> {
-    taken
+pub(crate) fn resource(taken: &Taken, path: &str) -> Result<Held> {
+    let managed = taken
         .cube
         .client
         .get_resource::<WgpuServer<AutoCompiler>>(taken.cube.handle.clone())
         .map_err(|e| Error::Storage {
             param: path.to_owned(),
             reason: e.to_string(),
-        })
+        })?;
+    Ok(Held {
+        resource: managed.resource().clone(),
+        _guard: Box::new(managed),
+    })
 }
 
 /// Submits burn's queued work on the calling thread's stream and on every

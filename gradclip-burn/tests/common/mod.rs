@@ -16,8 +16,9 @@ pub fn runtime() -> (Device, WgpuSetup) {
     static RUNTIME: OnceLock<(Device, WgpuSetup)> = OnceLock::new();
     RUNTIME
         .get_or_init(|| {
-            let (device, setup) = gradclip_burn::init_from_env()
-                .expect("no wgpu adapter: these tests need one (WGPU_BACKEND=vulkan runs on lavapipe)");
+            let (device, setup) = gradclip_burn::init_from_env().expect(
+                "no wgpu adapter: these tests need one (WGPU_BACKEND=vulkan runs on lavapipe)",
+            );
             eprintln!("adapter: {:?}", setup.adapter.get_info());
             (device, setup)
         })
@@ -109,7 +110,7 @@ pub fn snapshot(t: Tensor<1>) -> Tensor<1> {
 
 /// The values as f64, read back (tests only).
 pub fn read(t: Tensor<1>) -> Vec<f64> {
-    t.into_data().convert::<f64>().to_vec::<f64>().unwrap()
+    t.into_data().convert::<f64>().try_to_vec::<f64>().unwrap()
 }
 
 pub fn l2(tensors: &[Vec<f64>]) -> f64 {
