@@ -153,12 +153,15 @@ fn train(
     })
 }
 
+/// Which of a run's per-step values a panel shows.
+type Series = fn(&Run) -> &Vec<f64>;
+
 fn plot(path: &str, runs: &[(Method, Run)]) -> Result<(), Box<dyn std::error::Error>> {
     let root = SVGBackend::new(path, (1000, 760)).into_drawing_area();
     root.fill(&WHITE)?;
     let (top, bottom) = root.split_vertically(380);
     let colors = [RED, BLUE, RGBColor(0, 150, 0)];
-    let panels: [(&DrawingArea<_, _>, &str, fn(&Run) -> &Vec<f64>); 2] = [
+    let panels: [(&DrawingArea<_, _>, &str, Series); 2] = [
         (&top, "training loss (MSE)", |r| &r.losses),
         (&bottom, "global gradient norm before clipping", |r| {
             &r.norms

@@ -471,5 +471,9 @@ fn strided_and_shared_gradients_are_copied_and_clipped_once() {
         let want: Vec<f64> = b.iter().map(|g| g * coef).collect();
         assert_close(&format!("param {i}"), a, &want, 1e-5);
     }
-    assert_eq!(clipper.copies(), 2, "the transposed and the shared gradient");
+    assert_eq!(
+        clipper.copies(),
+        2,
+        "the transposed and the shared gradient"
+    );
 }
