@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CI for gradclip-burn, run from the repository root (or anywhere: it cd's
-# there): lints, the tests on Mesa's lavapipe (Vulkan), and a short run of the
-# example. Installs lavapipe when it is missing. The tests fail, not skip,
+# there): lints, the tests on Mesa's lavapipe (Vulkan) and llvmpipe (GL), and a
+# short run of the example. Installs lavapipe when it is missing. The tests fail, not skip,
 # when there is no adapter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +27,9 @@ cargo clippy -p gradclip-burn --all-targets -- -D warnings
 
 echo "== gradclip-burn: tests on WGPU_BACKEND=vulkan (lavapipe)"
 WGPU_BACKEND=vulkan cargo test -p gradclip-burn
+
+echo "== gradclip-burn: tests on WGPU_BACKEND=gl (llvmpipe)"
+WGPU_BACKEND=gl cargo test -p gradclip-burn --test clip
 
 echo "== gradclip-burn: example, short run"
 WGPU_BACKEND=vulkan cargo run -p gradclip-burn --example explode -- \
