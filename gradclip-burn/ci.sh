@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# CI for gradclip-burn, run from the repository root (or anywhere: it cd's
+# there): formatting, the tests on Mesa's lavapipe (Vulkan) and a short run of
+# the example. burn takes most of CI's time budget to compile on two cores, so
+# CI leaves out clippy (a second, check-mode build of burn; run
+# `cargo clippy -p gradclip-burn --all-targets -- -D warnings` locally) and the
+# GL run of the clip tests (`WGPU_BACKEND=gl cargo test -p gradclip-burn --test clip`). Installs lavapipe when it is missing. The tests fail, not skip,
+# when there is no adapter.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Mesa complains on every device creation without a runtime directory.
+if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "$XDG_RUNTIME_DIR" ]; then
+    XDG_RUNTIME_DIR=$(mktemp -d)
+    export XDG_RUNTIME_DIR
+fi
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+if ! dpkg -s mesa-vulkan-drivers >/dev/null 2>&1; then
+    echo "== installing Mesa's Vulkan drivers (lavapipe)"
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq mesa-vulkan-drivers >/dev/null
+fi
+
+started=$SECONDS
+echo "== gradclip-burn: format"
+cargo fmt -p gradclip-burn --check
+
+echo "== gradclip-burn: tests on WGPU_BACKEND=vulkan (lavapipe)"
+WGPU_BACKEND=vulkan cargo test -p gradclip-burn
+
+echo "== gradclip-burn: example, short run"
+WGPU_BACKEND=vulkan cargo run -p gradclip-burn --example explode -- \
+    --steps 15 --plot target/gradclip-burn-explode.svg
+
+echo "== gradclip-burn passed in $((SECONDS - started)) s"
