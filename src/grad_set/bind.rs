@@ -418,6 +418,8 @@ impl GradSet {
             steps: AtomicU64::new(0),
             tensor_steps: AtomicU64::new(0),
             rebinds: 0,
+            rebuilds: 0,
+            previous: None,
             verified: Default::default(),
             inner,
         })
@@ -428,6 +430,9 @@ impl GradSet {
     /// [`Clipper::bind_ranges_as`]. Returns `Ok(false)` and does nothing when
     /// every tensor is where it was (same buffer, offset and type), which is
     /// what a framework's memory pool usually hands back step after step.
+    /// When the places are those before the latest rebind, it switches back
+    /// to the bindings it kept for them (no GPU object made:
+    /// [`rebuild_count`](GradSet::rebuild_count) does not grow).
     /// Otherwise it makes a new plan table and new bind groups; the stats
     /// (loss scale, report log, step count), the clip config, the pipelines
     /// and the readback buffers are kept, and the partials scratch is kept
@@ -447,7 +452,8 @@ impl GradSet {
     /// let mut set = clipper.bind_ranges_as(&layout, &[at(0)])?;
     /// assert!(!set.rebind_ranges(&[at(0)])?); // unchanged: nothing done
     /// assert!(set.rebind_ranges(&[at(256)])?);
-    /// assert_eq!(set.rebind_count(), 1);
+    /// assert!(set.rebind_ranges(&[at(0)])?); // back to the previous places: kept bound
+    /// assert_eq!((set.rebind_count(), set.rebuild_count()), (2, 1));
     /// # Ok::<(), gradclip::Error>(()) }).unwrap();
     /// ```
     pub fn rebind_ranges(
@@ -457,6 +463,16 @@ impl GradSet {
         let placed = Placed::ranges(&self.layout, ranges)?;
         if self.bound.same_places(&placed) {
             return Ok(false);
+        }
+        if let Some((previous, partials)) = self.previous.take() {
+            if previous.same_places(&placed) {
+                let current = std::mem::replace(&mut self.bound, previous);
+                let scratch = std::mem::replace(&mut self.partials, partials);
+                self.previous = Some((current, scratch));
+                self.rebinds += 1;
+                return Ok(true);
+            }
+            self.previous = Some((previous, partials));
         }
         let bound = Bound::new(&self.layout, &placed, &self.inner.device.limits())?;
         let needed = bound.plan.partials_len() * size_of::<Partial>() as u64;
@@ -471,9 +487,12 @@ impl GradSet {
             stats: &self.stats,
             config: &self.config,
         };
-        self.bound = bindings(&self.inner, &bound, &placed, scratch)?;
-        self.partials = partials;
+        let bound = bindings(&self.inner, &bound, &placed, scratch)?;
+        let current = std::mem::replace(&mut self.bound, bound);
+        let scratch = std::mem::replace(&mut self.partials, partials);
+        self.previous = Some((current, scratch));
         self.rebinds += 1;
+        self.rebuilds += 1;
         Ok(true)
     }
 }

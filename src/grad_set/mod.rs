@@ -47,6 +47,13 @@ pub struct GradSet {
     /// The latest step that asked for per-tensor norms (0: none).
     tensor_steps: AtomicU64,
     rebinds: u64,
+    /// Rebinds that had to build new bind groups (not a return to the
+    /// previous places).
+    rebuilds: u64,
+    /// The bindings (and partials scratch) of the places before the latest
+    /// rebind: frameworks whose pool alternates between two places (burn's
+    /// gradients and parameters trading storage) switch back for free.
+    previous: Option<(bind::Bindings, wgpu::Buffer)>,
     /// Partial sources and query sets found to be of this device.
     verified: encode::Verified,
     reader: Reader,
@@ -97,6 +104,13 @@ impl GradSet {
     /// to new places (calls that found the places unchanged do not count).
     pub fn rebind_count(&self) -> u64 {
         self.rebinds
+    }
+
+    /// Of those rebinds, how many built a new plan table and bind groups;
+    /// the others went back to the places before the latest rebind, which
+    /// the set keeps bound (no GPU object made).
+    pub fn rebuild_count(&self) -> u64 {
+        self.rebuilds
     }
 
     /// Norm clips recorded on this set so far (the step number of the latest).
