@@ -85,6 +85,7 @@ struct Run {
     norms: Vec<f64>,
     clip_host: Duration,
     rebinds: u64,
+    rebuilds: u64,
 }
 
 /// The teacher: a fixed random linear map with large outputs, so that the
@@ -150,6 +151,7 @@ fn train(
         norms,
         clip_host,
         rebinds: clipper.rebinds(),
+        rebuilds: clipper.rebuilds(),
     })
 }
 
@@ -228,11 +230,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .fold(f64::INFINITY, f64::min);
         let nonfinite = run.losses.iter().filter(|v| !v.is_finite()).count();
         println!(
-            "{:<45} final loss {last:>10.4}  best {best:>8.4}  non-finite steps {nonfinite:>3}  max norm {:>10.3e}  clip() host {:>6.1} us/step  rebinds {}",
+            "{:<45} final loss {last:>10.4}  best {best:>8.4}  non-finite steps {nonfinite:>3}  max norm {:>10.3e}  clip() host {:>6.1} us/step  rebinds {} (built {})",
             method.name(),
             run.norms.iter().copied().fold(0.0, f64::max),
             run.clip_host.as_secs_f64() * 1e6 / args.steps as f64,
             run.rebinds,
+            run.rebuilds,
         );
         runs.push((method, run));
     }

@@ -335,6 +335,14 @@ impl GradClipper {
         self.past_rebinds + self.bound.as_ref().map_or(0, |b| b.set.rebind_count())
     }
 
+    /// Of the current set's rebinds, those that built a new plan table and
+    /// bind groups; the others went back to the places before the latest
+    /// rebind, which the set keeps bound
+    /// ([`GradSet::rebuild_count`](gradclip::GradSet::rebuild_count)).
+    pub fn rebuilds(&self) -> u64 {
+        self.bound.as_ref().map_or(0, |b| b.set.rebuild_count())
+    }
+
     /// Gradients copied to storage of their own before a clip: strided
     /// views, or gradients sharing storage with another (burn hands both out
     /// for some graphs).
