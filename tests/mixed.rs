@@ -150,14 +150,14 @@ fn unpack(layout: &GradLayout, ty: Half, packed: &[u16]) -> Vec<u16> {
 /// The clippers to run on: the default one (native f16 where the device has
 /// shader-f16) and one forced onto the packed path.
 fn clippers() -> Vec<(&'static str, gradclip::Clipper)> {
+    // One packed clipper per test binary: its pipelines compile once (slow
+    // on SwiftShader, whose compiler then dominated this suite's time).
+    static PACKED: std::sync::OnceLock<gradclip::Clipper> = std::sync::OnceLock::new();
     let g = gpu();
-    vec![
-        ("default", g.clipper.clone()),
-        (
-            "packed",
-            gradclip::Clipper::without_shader_f16(&g.device, &g.queue).expect("packed clipper"),
-        ),
-    ]
+    let packed = PACKED.get_or_init(|| {
+        gradclip::Clipper::without_shader_f16(&g.device, &g.queue).expect("packed clipper")
+    });
+    vec![("default", g.clipper.clone()), ("packed", packed.clone())]
 }
 
 const SIZES: [usize; 6] = [1, 7, 8192 * 2 + 3, 0, 1000, 20_001];
