@@ -257,16 +257,6 @@ fn mul_pow2(x: f32, k: i32) -> f32 {
     return bitcast<f32>((bits & ~EXP_MASK) | (u32(n) << 23u));
 }
 
-// Like mul_pow2, but a result below the normal range comes out as a
-// subnormal where the device keeps them (the reported norm may be that small).
-fn scale_pow2(x: f32, k: i32) -> f32 {
-    let e = i32((bitcast<u32>(x) >> 23u) & 0xffu);
-    if e != 0 && e + k <= 0 {
-        return ldexp(mul_pow2(x, 64), k - 64);
-    }
-    return mul_pow2(x, k);
-}
-
 // A quiet NaN as a runtime value. A constant expression that evaluates to NaN
 // or an infinity is a shader-creation error in WGSL: Tint (Chromium, Dawn)
 // rejects `bitcast<f32>(QUIET_NAN)` where naga accepts it. A function

@@ -19,7 +19,9 @@ fn normalised(y: f32, k: i32) -> NormValue {
         return NormValue(0.0, 0.0, 0);
     }
     let d = decode(bitcast<u32>(y));
-    return NormValue(scale_pow2(d.m, d.e + k), d.m, d.e + k);
+    // On the bits, so that a subnormal norm survives drivers that flush
+    // (SwiftShader's ldexp returned 0 for a norm of 7.5e-39).
+    return NormValue(clip_compose(0u, d.m, d.e + k), d.m, d.e + k);
 }
 
 // Exponents beyond this are clamped: the value is then far outside f32 (and

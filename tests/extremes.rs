@@ -105,3 +105,20 @@ fn p_below_the_minimum_is_rejected_before_recording() {
     ));
     assert_no_wgpu_errors();
 }
+
+#[test]
+fn a_subnormal_norm_is_reported_exactly() {
+    // One element of 2^-126 * 0.64: its L2, Inf and L1 norms are that
+    // subnormal value, which drivers that flush (SwiftShader) must not
+    // turn into 0.
+    let x = f32::from_bits(0x0051_fa3c);
+    assert!(x < f32::MIN_POSITIVE && x > 0.0);
+    for norm in [Norm::L2, Norm::Inf, Norm::L1] {
+        let (report, after) = run_clip(&[0.0, -x, 0.0], &[1, 2], |set, enc| {
+            set.clip_norm(enc, &ClipNorm::new(1.0).norm(norm))
+        });
+        assert_eq!(report.unwrap().total_norm, x, "{norm:?}");
+        assert_eq!(after[1].to_bits(), (-x).to_bits(), "{norm:?}");
+    }
+    assert_no_wgpu_errors();
+}
