@@ -301,7 +301,8 @@ impl Inner {
     /// make wgpu-core panic before any validation; that cannot be caught.)
     pub fn check_owns(&self, buffer: &wgpu::Buffer, what: &'static str) -> Result<()> {
         let catch = Catch::begin(&self.device);
-        let probe = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        // Made and dropped at once: only the validation matters.
+        let _ = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some("gradclip device probe"),
             layout: &self.probe_layout,
             entries: &[wgpu::BindGroupEntry {
@@ -313,7 +314,6 @@ impl Inner {
                 }),
             }],
         });
-        drop(probe);
         catch.end().map_err(|_| Error::ForeignDevice { what })
     }
 
