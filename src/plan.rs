@@ -293,8 +293,8 @@ fn count_u32(what: &'static str, n: usize) -> Result<u32> {
 
 /// Cuts the elements of every tensor into flat chunks of at most
 /// `chunk_elements` (even) and segments, never across a window; a window
-/// starts at an `align`-aligned byte offset, spans at most `window_bytes`
-/// (a multiple of 4) and holds one element type. Tensors are visited in
+/// is one cell of a fixed grid of `window_bytes` (a multiple of `align`) in
+/// its buffer, and holds one element type. Tensors are visited in
 /// buffer and offset order so that each window's chunks are contiguous in
 /// the tables; each tensor's segments are contiguous too. Overlapping
 /// tensors are an error. With tensors at 4-byte aligned offsets (checked by
@@ -308,7 +308,8 @@ pub(crate) fn plan(
     align: u64,
 ) -> Result<Plan> {
     debug_assert!(chunk_elements > 0 && chunk_elements.is_multiple_of(2));
-    debug_assert!(window_bytes >= align && placements.len() == layout.len());
+    debug_assert!(window_bytes >= align && window_bytes.is_multiple_of(align));
+    debug_assert!(placements.len() == layout.len());
     let sizes: Vec<u64> = layout.sizes().collect();
     let mut order: Vec<usize> = (0..layout.len()).filter(|&t| sizes[t] > 0).collect();
     order.sort_by_key(|&t| (placements[t].buffer, placements[t].byte_offset));
@@ -336,17 +337,18 @@ pub(crate) fn plan(
         let eb = dtype.bytes();
         let (mut at, end) = (byte_offset, byte_offset + bytes_of(t));
         while at < end {
-            let fits = windows.last().is_some_and(|w| {
-                w.buffer == buffer
-                    && w.dtype == dtype
-                    && at >= w.byte_offset
-                    && at + 4 <= w.byte_offset + window_bytes
-            });
+            // Windows sit on a fixed grid of each buffer, so that gradients
+            // that move inside a buffer (a framework's memory pool) keep
+            // their windows and a rebind keeps its bind groups.
+            let cell = at / window_bytes * window_bytes;
+            let fits = windows
+                .last()
+                .is_some_and(|w| w.buffer == buffer && w.dtype == dtype && w.byte_offset == cell);
             if !fits {
                 windows.push(Window {
                     buffer,
                     dtype,
-                    byte_offset: at / align * align,
+                    byte_offset: cell,
                     bytes: 0,
                     chunk_begin: 0,
                     chunk_end: 0,
@@ -397,6 +399,9 @@ pub(crate) fn plan(
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Bound {
     pub plan: Plan,
+    /// The grid the windows sit on (see [`plan`]): each window binds its
+    /// cell, `window_bytes` or up to the end of its buffer.
+    pub window_bytes: u64,
     /// Grid-stride workgroups over per-tensor chunks, and over flat chunks.
     pub workgroups: u32,
     pub flat_workgroups: u32,
@@ -410,11 +415,12 @@ impl Bound {
         let align = (limits.min_storage_buffer_offset_alignment as u64).max(4);
         let max_binding = limits.max_storage_buffer_binding_size.min(u32::MAX as u64) / 4 * 4;
         too_large("storage offset alignment", align, max_binding)?;
+        let window_bytes = max_binding / align * align;
         let plan = plan(
             layout,
             &placed.placements,
             CHUNK_ELEMENTS,
-            max_binding / align * align,
+            window_bytes,
             align,
         )?;
         too_large("plan table bytes", 4 * plan.table_words_len(), max_binding)?;
@@ -439,6 +445,7 @@ impl Bound {
                 .clamp(1, cap)
         };
         Ok(Self {
+            window_bytes,
             workgroups: busiest(|w| w.chunk_end - w.chunk_begin),
             flat_workgroups: busiest(|w| w.flat_end - w.flat_begin),
             plan,

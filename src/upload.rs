@@ -19,8 +19,14 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 
-/// Bytes of one staging buffer: the largest upload (a `ClipConfig`) fits.
-pub(crate) const STAGING_BYTES: u64 = 256;
+/// Bytes of the smallest staging buffer (a `ClipConfig` fits); larger
+/// uploads (a moved set's plan table) take buffers of the next power of two.
+const STAGING_BYTES: u64 = 256;
+
+/// The staging size for an upload of `len` bytes.
+fn size_class(len: u64) -> u64 {
+    len.next_power_of_two().max(STAGING_BYTES)
+}
 
 #[derive(Debug)]
 enum State {
@@ -86,8 +92,8 @@ impl Uploads {
         offset: u64,
         bytes: &[u8],
     ) -> Result<()> {
-        debug_assert!(bytes.len() as u64 <= STAGING_BYTES && bytes.len().is_multiple_of(4));
-        let (buffer, state) = self.take()?;
+        debug_assert!(bytes.len().is_multiple_of(4));
+        let (buffer, state) = self.take(size_class(bytes.len() as u64))?;
         {
             let mut view = buffer
                 .slice(..bytes.len() as u64)
@@ -114,14 +120,15 @@ impl Uploads {
         Ok(())
     }
 
-    /// A mapped staging buffer, marked in flight: a ready one, or a new one.
-    fn take(&self) -> Result<(wgpu::Buffer, Arc<Mutex<State>>)> {
+    /// A mapped staging buffer of `size` bytes, marked in flight: a ready
+    /// one, or a new one.
+    fn take(&self, size: u64) -> Result<(wgpu::Buffer, Arc<Mutex<State>>)> {
         let mut pool = lock(&self.pool);
         pool.retain(|s| !matches!(*lock(&s.state), State::Broken));
         for staging in pool.iter() {
             let mut state = lock(&staging.state);
             match *state {
-                State::Ready => {
+                State::Ready if staging.buffer.size() == size => {
                     *state = State::InFlight;
                     return Ok((staging.buffer.clone(), staging.state.clone()));
                 }
@@ -144,7 +151,7 @@ impl Uploads {
         }
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(&format!("gradclip upload {}", pool.len())),
-            size: STAGING_BYTES,
+            size,
             usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: true,
         });

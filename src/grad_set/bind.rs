@@ -49,9 +49,55 @@ pub(super) struct Bindings {
     pub buffers: Vec<wgpu::Buffer>,
     /// Where each tensor is, to see whether a rebind changes anything.
     pub placements: Vec<Placement>,
+    /// What each bind group binds of the gradients: buffer (index into
+    /// `buffers`), element type, byte offset and size.
+    windows: Vec<(usize, GradType, u64, u64)>,
+    /// Set for bindings made by a rebind: their plan table and window
+    /// records are written by each clip's own commands, so that later
+    /// rebinds inside the same windows keep the bind groups.
+    pub movable: Option<Movable>,
+}
+
+/// The plan table and window records of movable bindings, and their bytes
+/// for the current places (what each clip copies in before its passes).
+#[derive(Debug)]
+pub(super) struct Movable {
+    pub table: wgpu::Buffer,
+    pub records: wgpu::Buffer,
+    pub table_bytes: Vec<u8>,
+    pub record_bytes: Vec<u8>,
 }
 
 impl Bindings {
+    /// Whether movable bindings can take the places of `bound` by new
+    /// table bytes alone: the same windows of the same buffers, a table and
+    /// a partials scratch large enough.
+    fn fits(&self, bound: &Bound, placed: &Placed<'_>, partials: &wgpu::Buffer) -> bool {
+        let Some(movable) = &self.movable else {
+            return false;
+        };
+        let windows = window_ranges(bound, placed);
+        self.has_elements
+            && windows.len() == self.windows.len()
+            && windows.iter().zip(&self.windows).all(|(a, b)| {
+                a.1 == b.1 && a.2 == b.2 && a.3 == b.3 && *placed.buffers[a.0] == self.buffers[b.0]
+            })
+            && 4 * bound.plan.table_words_len() <= movable.table.size()
+            && bound.plan.partials_len() * size_of::<Partial>() as u64 <= partials.size()
+    }
+
+    /// Moves bindings that [`fits`](Self::fits) `bound` to its places.
+    fn move_to(&mut self, bound: &Bound, placed: &Placed<'_>, uniform_stride: u64) {
+        let movable = self.movable.as_mut().expect("fits() checked it");
+        movable.table_bytes = bytemuck::cast_slice(&bound.plan.table_words()).to_vec();
+        movable.record_bytes = record_bytes(bound, uniform_stride);
+        self.flat_workgroups = bound.flat_workgroups;
+        self.tensor_workgroups = bound.workgroups;
+        self.buffers = placed.buffers.iter().map(|b| (*b).clone()).collect();
+        self.placements = placed.placements.clone();
+        self.windows = window_ranges(bound, placed);
+    }
+
     fn same_places(&self, placed: &Placed<'_>) -> bool {
         self.placements.len() == placed.placements.len()
             && self
@@ -219,34 +265,16 @@ fn partials_buffer(device: &wgpu::Device, len: u64) -> wgpu::Buffer {
     })
 }
 
-/// The plan table, the window records and the bind groups of `bound`.
-fn bindings(
-    inner: &Inner,
-    bound: &Bound,
-    placed: &Placed<'_>,
-    scratch: Scratch<'_>,
-) -> Result<Bindings> {
-    let device = &inner.device;
-    for buffer in &placed.buffers {
-        inner.check_owns(buffer, "gradient buffer")?;
-    }
-    let plan = &bound.plan;
-    let limits = device.limits();
-    let uniform_stride = (size_of::<WindowInfo>() as u64)
-        .next_multiple_of(limits.min_uniform_buffer_offset_alignment as u64);
-    let window_pipelines = plan
-        .windows
-        .iter()
-        .map(|w| inner.element_pipelines(inner.path_of(w.dtype)))
-        .collect::<Result<Vec<_>>>()?;
-    let mut paths: Vec<ElementPath> = plan
-        .windows
-        .iter()
-        .map(|w| inner.path_of(w.dtype))
-        .collect();
-    paths.sort();
-    paths.dedup();
+/// Bytes between window records in the uniform buffer.
+fn uniform_stride(device: &wgpu::Device) -> u64 {
+    (size_of::<WindowInfo>() as u64)
+        .next_multiple_of(device.limits().min_uniform_buffer_offset_alignment as u64)
+}
 
+/// The window records of `bound`, one per `uniform_stride` bytes (one
+/// record when there is no element to bind).
+fn record_bytes(bound: &Bound, uniform_stride: u64) -> Vec<u8> {
+    let plan = &bound.plan;
     let chunk_count = plan.chunks.len() as u32;
     let info = |w: &crate::plan::Window| WindowInfo {
         chunk_begin: w.chunk_begin,
@@ -261,7 +289,6 @@ fn bindings(
         ranges_at: plan.ranges_at(),
         _pad: [0; 2],
     };
-    // With no element to bind, one window record and a placeholder buffer.
     let empty = WindowInfo {
         tensor_count: plan.tensor_chunks.len() as u32,
         ranges_at: plan.ranges_at(),
@@ -272,25 +299,102 @@ fn bindings(
     } else {
         plan.windows.iter().map(info).collect()
     };
-    let mut uniform_bytes = vec![0u8; infos.len() * uniform_stride as usize];
+    let mut bytes = vec![0u8; infos.len() * uniform_stride as usize];
     for (k, record) in infos.iter().enumerate() {
         let at = k * uniform_stride as usize;
-        uniform_bytes[at..at + size_of::<WindowInfo>()].copy_from_slice(bytemuck::bytes_of(record));
+        bytes[at..at + size_of::<WindowInfo>()].copy_from_slice(bytemuck::bytes_of(record));
     }
+    bytes
+}
+
+/// What each window binds: its whole grid cell, up to the end of the
+/// buffer (never less than its tensors reach), so that tensors moving
+/// inside the cell need no new bind group.
+fn window_ranges(bound: &Bound, placed: &Placed<'_>) -> Vec<(usize, GradType, u64, u64)> {
+    bound
+        .plan
+        .windows
+        .iter()
+        .map(|w| {
+            let rest = placed.buffers[w.buffer]
+                .size()
+                .saturating_sub(w.byte_offset)
+                / 4
+                * 4;
+            let bytes = rest.min(bound.window_bytes).max(w.bytes);
+            (w.buffer, w.dtype, w.byte_offset, bytes)
+        })
+        .collect()
+}
+
+/// The plan table, the window records and the bind groups of `bound`;
+/// `movable` bindings get their table and records with room to spare,
+/// written by each clip instead of once here.
+fn bindings(
+    inner: &Inner,
+    bound: &Bound,
+    placed: &Placed<'_>,
+    scratch: Scratch<'_>,
+    movable: bool,
+) -> Result<Bindings> {
+    let device = &inner.device;
+    for buffer in &placed.buffers {
+        inner.check_owns(buffer, "gradient buffer")?;
+    }
+    let plan = &bound.plan;
+    let uniform_stride = uniform_stride(device);
+    let window_pipelines = plan
+        .windows
+        .iter()
+        .map(|w| inner.element_pipelines(inner.path_of(w.dtype)))
+        .collect::<Result<Vec<_>>>()?;
+    let mut paths: Vec<ElementPath> = plan
+        .windows
+        .iter()
+        .map(|w| inner.path_of(w.dtype))
+        .collect();
+    paths.sort();
+    paths.dedup();
+    let uniform_bytes = record_bytes(bound, uniform_stride);
+    let table_words = plan.table_words();
+    let windows = window_ranges(bound, placed);
 
     let catch = Catch::begin(device);
-    let table = init_buffer(
-        device,
-        "gradclip plan table",
-        bytemuck::cast_slice(&plan.table_words()),
-        wgpu::BufferUsages::STORAGE,
-    )?;
-    let uniforms = init_buffer(
-        device,
-        "gradclip window records",
-        &uniform_bytes,
-        wgpu::BufferUsages::UNIFORM,
-    )?;
+    let (table, uniforms) = if movable {
+        // Room for places that need a few more chunks than these.
+        let words = table_words.len() as u64;
+        let max_binding = device.limits().max_storage_buffer_binding_size / 4 * 4;
+        let table_size = (4 * (words + words / 4 + 64))
+            .min(max_binding)
+            .max(4 * words);
+        let table = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("gradclip plan table (moving gradients)"),
+            size: table_size,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let uniforms = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("gradclip window records (moving gradients)"),
+            size: uniform_bytes.len() as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        (table, uniforms)
+    } else {
+        let table = init_buffer(
+            device,
+            "gradclip plan table",
+            bytemuck::cast_slice(&table_words),
+            wgpu::BufferUsages::STORAGE,
+        )?;
+        let uniforms = init_buffer(
+            device,
+            "gradclip window records",
+            &uniform_bytes,
+            wgpu::BufferUsages::UNIFORM,
+        )?;
+        (table, uniforms)
+    };
     let placeholder = plan.windows.is_empty().then(|| {
         device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("gradclip empty gradients"),
@@ -301,10 +405,9 @@ fn bindings(
     });
     let grad_ranges: Vec<(&wgpu::Buffer, u64, u64)> = match &placeholder {
         Some(buffer) => vec![(buffer, 0, 16)],
-        None => plan
-            .windows
+        None => windows
             .iter()
-            .map(|w| (placed.buffers[w.buffer], w.byte_offset, w.bytes))
+            .map(|&(buffer, _, offset, bytes)| (placed.buffers[buffer], offset, bytes))
             .collect(),
     };
     fn entry(
@@ -355,6 +458,13 @@ fn bindings(
         tensor_workgroups: bound.workgroups,
         buffers: placed.buffers.iter().map(|b| (*b).clone()).collect(),
         placements: placed.placements.clone(),
+        windows,
+        movable: movable.then(|| Movable {
+            table,
+            records: uniforms,
+            table_bytes: bytemuck::cast_slice(&table_words).to_vec(),
+            record_bytes: uniform_bytes,
+        }),
     })
 }
 
@@ -406,7 +516,7 @@ impl GradSet {
             stats: &stats,
             config: &config,
         };
-        let bound = bindings(&inner, &bound, placed, scratch)?;
+        let bound = bindings(&inner, &bound, placed, scratch, false)?;
         Ok(Self {
             reader: Reader::new(layout.len()),
             layout: layout.clone(),
@@ -430,15 +540,22 @@ impl GradSet {
     /// [`Clipper::bind_ranges_as`]. Returns `Ok(false)` and does nothing when
     /// every tensor is where it was (same buffer, offset and type), which is
     /// what a framework's memory pool usually hands back step after step.
-    /// When the places are those before the latest rebind, it switches back
-    /// to the bindings it kept for them (no GPU object made:
-    /// [`rebuild_count`](GradSet::rebuild_count) does not grow).
-    /// Otherwise it makes a new plan table and new bind groups; the stats
-    /// (loss scale, report log, step count), the clip config, the pipelines
-    /// and the readback buffers are kept, and the partials scratch is kept
-    /// too unless the new places need more chunks than it holds. Clips
-    /// recorded before the rebind keep the places they were recorded with.
-    /// On an error the set is left as it was.
+    ///
+    /// Otherwise the set plans the new places (host work in the number of
+    /// tensors) and, in the common case, makes no GPU object: the first
+    /// rebind makes bind groups over whole binding windows of the buffers
+    /// (a fixed grid of the storage binding limit) with a plan table that
+    /// each later clip copies in with its own commands, so tensors that move
+    /// inside the same buffers keep them. New bind groups are built
+    /// ([`rebuild_count`](GradSet::rebuild_count) grows) only when the
+    /// windows change (other buffers, a window's element type) or the new
+    /// places need more chunks than the table and scratch hold; places that
+    /// match the bindings kept from before the latest rebuild switch back to
+    /// them. The stats (loss scale, report log, step count), the clip
+    /// config, the pipelines and the readback buffers are always kept. Clips
+    /// recorded before a rebind keep the places they were recorded with,
+    /// whatever order their encoders are submitted in. On an error the set
+    /// is left as it was.
     ///
     /// ```
     /// # pollster::block_on(async {
@@ -451,9 +568,10 @@ impl GradSet {
     /// let layout = gradclip::GradLayout::from_sizes(&[10])?;
     /// let mut set = clipper.bind_ranges_as(&layout, &[at(0)])?;
     /// assert!(!set.rebind_ranges(&[at(0)])?); // unchanged: nothing done
-    /// assert!(set.rebind_ranges(&[at(256)])?);
-    /// assert!(set.rebind_ranges(&[at(0)])?); // back to the previous places: kept bound
-    /// assert_eq!((set.rebind_count(), set.rebuild_count()), (2, 1));
+    /// assert!(set.rebind_ranges(&[at(256)])?); // builds bindings that can move
+    /// assert!(set.rebind_ranges(&[at(512)])?); // moves them: nothing built
+    /// assert!(set.rebind_ranges(&[at(0)])?); // the first places: their bindings were kept
+    /// assert_eq!((set.rebind_count(), set.rebuild_count()), (3, 1));
     /// # Ok::<(), gradclip::Error>(()) }).unwrap();
     /// ```
     pub fn rebind_ranges(
@@ -464,8 +582,24 @@ impl GradSet {
         if self.bound.same_places(&placed) {
             return Ok(false);
         }
-        if let Some((previous, partials)) = self.previous.take() {
-            if previous.same_places(&placed) {
+        // Bindings made for exactly these places need no upload per clip:
+        // prefer them to moving the current ones.
+        let back = self
+            .previous
+            .as_ref()
+            .is_some_and(|(previous, _)| previous.same_places(&placed));
+        let bound = Bound::new(&self.layout, &placed, &self.inner.device.limits())?;
+        let stride = uniform_stride(&self.inner.device);
+        if !back && self.bound.fits(&bound, &placed, &self.partials) {
+            self.bound.move_to(&bound, &placed, stride);
+            self.rebinds += 1;
+            return Ok(true);
+        }
+        if let Some((mut previous, partials)) = self.previous.take() {
+            if back || previous.fits(&bound, &placed, &partials) {
+                if !back {
+                    previous.move_to(&bound, &placed, stride);
+                }
                 let current = std::mem::replace(&mut self.bound, previous);
                 let scratch = std::mem::replace(&mut self.partials, partials);
                 self.previous = Some((current, scratch));
@@ -474,11 +608,14 @@ impl GradSet {
             }
             self.previous = Some((previous, partials));
         }
-        let bound = Bound::new(&self.layout, &placed, &self.inner.device.limits())?;
         let needed = bound.plan.partials_len() * size_of::<Partial>() as u64;
         let partials = if needed > self.partials.size() {
             log::info!("gradclip: rebind grows the partials scratch to {needed} bytes");
-            partials_buffer(&self.inner.device, bound.plan.partials_len())
+            // Room for places that need a few more chunks, as the table has.
+            let len = bound.plan.partials_len();
+            let most = self.inner.device.limits().max_storage_buffer_binding_size
+                / size_of::<Partial>() as u64;
+            partials_buffer(&self.inner.device, (len + len / 4 + 16).min(most).max(len))
         } else {
             self.partials.clone()
         };
@@ -487,7 +624,7 @@ impl GradSet {
             stats: &self.stats,
             config: &self.config,
         };
-        let bound = bindings(&self.inner, &bound, &placed, scratch)?;
+        let bound = bindings(&self.inner, &bound, &placed, scratch, true)?;
         let current = std::mem::replace(&mut self.bound, bound);
         let scratch = std::mem::replace(&mut self.partials, partials);
         self.previous = Some((current, scratch));

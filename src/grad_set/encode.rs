@@ -417,9 +417,14 @@ impl GradSet {
                 self.tensor_steps.fetch_max(step, Ordering::AcqRel);
             }
         }
-        self.inner
-            .uploads
-            .upload(encoder, &self.config, 0, bytemuck::bytes_of(&config))
+        let uploads = &self.inner.uploads;
+        if let Some(movable) = &self.bound.movable {
+            // The places this clip is recorded with, whatever the set's
+            // places are when the encoder is submitted.
+            uploads.upload(encoder, &movable.table, 0, &movable.table_bytes)?;
+            uploads.upload(encoder, &movable.records, 0, &movable.record_bytes)?;
+        }
+        uploads.upload(encoder, &self.config, 0, bytemuck::bytes_of(&config))
     }
 
     fn pass<'e>(

@@ -50,9 +50,8 @@ pub struct GradSet {
     /// Rebinds that had to build new bind groups (not a return to the
     /// previous places).
     rebuilds: u64,
-    /// The bindings (and partials scratch) of the places before the latest
-    /// rebind: frameworks whose pool alternates between two places (burn's
-    /// gradients and parameters trading storage) switch back for free.
+    /// The bindings (and partials scratch) in use before the latest build:
+    /// a pool that alternates between two buffers switches back for free.
     previous: Option<(bind::Bindings, wgpu::Buffer)>,
     /// Partial sources and query sets found to be of this device.
     verified: encode::Verified,
@@ -106,9 +105,10 @@ impl GradSet {
         self.rebinds
     }
 
-    /// Of those rebinds, how many built a new plan table and bind groups;
-    /// the others went back to the places before the latest rebind, which
-    /// the set keeps bound (no GPU object made).
+    /// Of those rebinds, how many built new bind groups; the others moved
+    /// the set's bindings by new table bytes (copied in by each clip) or
+    /// went back to the bindings kept from before the latest build: no GPU
+    /// object made.
     pub fn rebuild_count(&self) -> u64 {
         self.rebuilds
     }
