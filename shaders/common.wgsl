@@ -28,6 +28,7 @@ const CFG_NO_SCALE: u32 = 4u;           // norm and coefficient only: leave the 
 const CFG_UNSCALE: u32 = 8u;            // divide by the loss scale, skip on non-finite, update the scale
 const CFG_ERROR_IF_NONFINITE: u32 = 16u; // a non-finite norm leaves the gradients untouched
 const CFG_SUPPLIED: u32 = 32u;          // the total is cfg.supplied, not a reduction of the gradients
+const CFG_KEEP_SCALE: u32 = 64u;        // unscale, but leave the loss scale for a later clip of the step to update
 
 // ClipState.nonfinite / Partial.flags bits
 const FLAG_INF: u32 = 1u;

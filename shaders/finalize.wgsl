@@ -312,7 +312,7 @@ fn finish(q: Partial, kind: u32, per_tensor_clips: bool) {
     if found_inf && q.flags == 0u {
         st.total_norm = f32_from_bits(POS_INF); // finite g over a zero scale
     }
-    if unscaling {
+    if unscaling && (cfg.flags & CFG_KEEP_SCALE) == 0u {
         update_scale(&st, found_inf);
     }
     st.dispatch = array<u32, 3>(select(0u, stride_workgroups(), scale), 1u, 1u);

@@ -161,6 +161,7 @@ pub const CFG_NO_SCALE: u32 = 4;
 pub const CFG_UNSCALE: u32 = 8;
 pub const CFG_ERROR_IF_NONFINITE: u32 = 16;
 pub const CFG_SUPPLIED: u32 = 32;
+pub const CFG_KEEP_SCALE: u32 = 64;
 
 /// A record's WGSL struct name, byte size and `(member, offset)` pairs.
 pub type RecordLayout = (&'static str, usize, Vec<(&'static str, usize)>);

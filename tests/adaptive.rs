@@ -601,7 +601,6 @@ fn invalid_parameters_and_unsupported_clips_are_errors() {
     for (s, clip) in [
         (&set, ClipNorm::new(1.0).per_tensor(true)),
         (&set, ClipNorm::new(1.0).tensor_norms(true)),
-        (&set, ClipNorm::new(1.0).unscale(true)),
         (&other, ClipNorm::new(1.0)),
     ] {
         assert!(matches!(
@@ -610,10 +609,12 @@ fn invalid_parameters_and_unsupported_clips_are_errors() {
         ));
     }
     let adagc = AdaptiveClip::new(&set, gradclip::AdaGc::new()).unwrap();
-    assert!(matches!(
-        adagc.clip(&set, &mut encoder, &ClipNorm::tensorflow(1.0)),
-        Err(gradclip::Error::Unsupported(_))
-    ));
+    for clip in [ClipNorm::tensorflow(1.0), ClipNorm::new(1.0).unscale(true)] {
+        assert!(matches!(
+            adagc.clip(&set, &mut encoder, &clip),
+            Err(gradclip::Error::Unsupported(_))
+        ));
+    }
     // Nothing was recorded on either set.
     assert_eq!((set.steps_recorded(), other.steps_recorded()), (0, 0));
     drop(encoder);
@@ -885,12 +886,14 @@ fn zclip_runs_500_steps_without_the_host() {
         g.queue.submit([encoder.finish()]);
         last = data;
     }
+    // One report per step: the log holds the last 64 of the 500.
     let reports = pollster::block_on(run.set.take_reports()).unwrap();
-    assert_eq!(reports.reports.len(), 64);
-    let clips: Vec<_> = reports.reports.iter().filter(|r| r.step % 2 == 0).collect();
-    assert_eq!(clips.len(), 32);
-    for r in clips {
-        let w = &want[(r.step / 2 - 1) as usize];
+    assert_eq!(run.set.steps_recorded(), targets.len() as u64);
+    let steps: Vec<u64> = reports.reports.iter().map(|r| r.step).collect();
+    let final_step = targets.len() as u64;
+    assert_eq!(steps, (final_step - 63..=final_step).collect::<Vec<_>>());
+    for r in &reports.reports {
+        let w = &want[(r.step - 1) as usize];
         assert!(
             same(r.coefficient as f64, w.coefficient, TOL),
             "set step {}: {} vs {w:?}",
@@ -906,6 +909,125 @@ fn zclip_runs_500_steps_without_the_host() {
     let c = want.last().unwrap().coefficient;
     for (&b, &a) in last.iter().zip(&after) {
         assert!((a as f64 - b as f64 * c).abs() <= TOL * (b as f64 * c).abs() + 1e-30);
+    }
+    assert_no_wgpu_errors();
+}
+
+/// ZClip and AutoClip with loss scaling: a set clipping gradients scaled by
+/// the loss scale, with `unscale`, makes the same decisions and leaves the
+/// same gradients as a set clipping the unscaled ones; the loss scale is
+/// updated once per step (it doubles after `growth_interval` steps, not
+/// half as many), and an overflowed step leaves the gradients and the
+/// method's state untouched and halves the scale.
+#[test]
+fn adaptive_clips_unscale_once_per_step() {
+    let _turn = serial();
+    let g = gpu();
+    let methods: [AdaptiveMethod; 2] = [
+        gradclip::ZClip::new().warmup_steps(5).into(),
+        gradclip::AutoClip::new(50.0).into(),
+    ];
+    for method in methods {
+        let plain = Run::new(method.clone(), Semantics::Torch);
+        let scaled = Run::new(method.clone(), Semantics::Torch);
+        scaled
+            .set
+            .set_loss_scaler(
+                &gradclip::LossScaler::new()
+                    .init_scale(1024.0)
+                    .growth_interval(10),
+            )
+            .unwrap();
+        let unscale = ClipNorm::new(1.0).unscale(true);
+        let targets = reference::synthetic_norms(reference::SYNTH_SEED);
+        let mut rng = Rng::new(0x5ca1_ab1e);
+        let len: usize = SIZES.iter().sum();
+        let mut scale = 1024.0f32;
+        let mut scales = Vec::new();
+        for (t, &target) in targets.iter().take(40).enumerate() {
+            let data = reference::gradients_with_norm(&mut rng, len, target);
+            let mut up: Vec<f32> = data.iter().map(|x| x * scale).collect();
+            let record = |run: &Run, clip: &ClipNorm, data: &[f32]| {
+                g.queue
+                    .write_buffer(&run.buffer, 0, bytemuck::cast_slice(data));
+                let mut encoder = g.device.create_command_encoder(&Default::default());
+                run.adaptive.clip(&run.set, &mut encoder, clip).unwrap();
+                g.queue.submit([encoder.finish()]);
+            };
+            if t == 17 {
+                // An overflow in the scaled backward pass.
+                up[3] = f32::INFINITY;
+                let state = pollster::block_on(scaled.adaptive.save_state()).unwrap();
+                record(&scaled, &unscale, &up);
+                let report = pollster::block_on(scaled.set.read_report()).unwrap();
+                assert!(report.found_inf, "{method:?}: {report:?}");
+                assert_eq!(report.coefficient, 1.0);
+                let after = download(&g.device, &g.queue, &scaled.buffer, len);
+                assert_eq!(
+                    bytemuck::cast_slice::<f32, u32>(&after),
+                    bytemuck::cast_slice::<f32, u32>(&up)
+                );
+                let kept = pollster::block_on(scaled.adaptive.save_state()).unwrap();
+                // The statistics (the first 32 bytes) and the history (from
+                // byte 64) stay; the latest decision's words say it skipped.
+                assert_eq!(
+                    (&state[..32], &state[64..]),
+                    (&kept[..32], &kept[64..]),
+                    "{method:?}: an overflowed step moved the state"
+                );
+                let decision = pollster::block_on(scaled.adaptive.read_decision()).unwrap();
+                assert!(decision.skipped, "{method:?}: {decision:?}");
+                assert_eq!(report.loss_scale, scale / 2.0);
+                scale = report.loss_scale;
+                scales.push(scale);
+                continue;
+            }
+            record(&plain, &plain.clip, &data);
+            record(&scaled, &unscale, &up);
+            let (a, b) = (
+                pollster::block_on(plain.set.read_report()).unwrap(),
+                pollster::block_on(scaled.set.read_report()).unwrap(),
+            );
+            let ctx = format!("{method:?} step {t}: {a:?} vs {b:?}");
+            assert!(!b.found_inf, "{ctx}");
+            assert_eq!(b.step, t as u64 + 1, "one report per step: {ctx}");
+            assert_eq!(b.unscaled_by, scale, "{ctx}");
+            assert!(
+                same(b.total_norm as f64, a.total_norm as f64, 1e-6),
+                "{ctx}"
+            );
+            assert!(same(b.max_norm as f64, a.max_norm as f64, 1e-6), "{ctx}");
+            let (da, db) = (
+                pollster::block_on(plain.adaptive.read_decision()).unwrap(),
+                pollster::block_on(scaled.adaptive.read_decision()).unwrap(),
+            );
+            assert_eq!(da.clipped, db.clipped, "{ctx}");
+            let after_a = download(&g.device, &g.queue, &plain.buffer, len);
+            let after_b = download(&g.device, &g.queue, &scaled.buffer, len);
+            for (x, y) in after_a.iter().zip(&after_b) {
+                assert!(same(*y as f64, *x as f64, 1e-6), "{ctx}: {x} vs {y}");
+            }
+            scale = b.loss_scale;
+            scales.push(scale);
+        }
+        // GradScaler's schedule: x2 after each 10 finite steps in a row, /2 on
+        // the overflow (step 17, which also restarts the count).
+        let mut want = Vec::new();
+        let (mut s, mut good) = (1024.0f32, 0);
+        for t in 0..40 {
+            if t == 17 {
+                s /= 2.0;
+                good = 0;
+            } else {
+                good += 1;
+                if good == 10 {
+                    s *= 2.0;
+                    good = 0;
+                }
+            }
+            want.push(s);
+        }
+        assert_eq!(scales, want, "{method:?}");
     }
     assert_no_wgpu_errors();
 }

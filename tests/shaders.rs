@@ -327,6 +327,10 @@ fn flag_constants_match_the_host() {
         records::CFG_ERROR_IF_NONFINITE
     );
     assert_eq!(u32_constant(&module, "CFG_SUPPLIED"), records::CFG_SUPPLIED);
+    assert_eq!(
+        u32_constant(&module, "CFG_KEEP_SCALE"),
+        records::CFG_KEEP_SCALE
+    );
     assert_eq!(u32_constant(&module, "FLAG_INVALID"), records::FLAG_INVALID);
     assert_eq!(u32_constant(&module, "LOG_LEN") as u64, records::LOG_LEN);
 }

@@ -288,11 +288,18 @@ impl AdaptiveClip {
     /// semantics; its `max_norm` is replaced on the GPU by the threshold
     /// (`f32::MAX` where the threshold is `+inf`, so nothing is clipped).
     ///
-    /// The set records two norm steps, each with its report: the norm
-    /// (`record_norm`, whose coefficient uses `clip`'s `max_norm` and is not
-    /// applied), then the clip, whose report — the latest — carries the
-    /// coefficient applied. The threshold and the decision are read with
+    /// The set records one norm step in two halves: the norm (a
+    /// `record_norm` that applies nothing), then the clip with the
+    /// threshold, which finishes the same step: one report per step, with
+    /// the threshold used (`ClipReport::max_norm`) and the coefficient
+    /// applied. The rest of the decision is read with
     /// [`read_decision`](Self::read_decision).
+    ///
+    /// An unscaling `clip` ([`ClipNorm::unscale`](crate::ClipNorm::unscale),
+    /// ZClip and AutoClip) feeds the method the unscaled norm, and updates
+    /// the loss scale once per step, in the second half; a step whose
+    /// gradients overflowed (`found_inf`) leaves them and the method's state
+    /// untouched, as a non-finite norm does.
     ///
     /// AdaGC instead records the set's `record_norm` with per-tensor norms,
     /// its pass, which writes each tensor's factor and the scale dispatch
@@ -303,9 +310,8 @@ impl AdaptiveClip {
     ///
     /// Rejected ([`Error::Unsupported`]): per-tensor clipping or norms in
     /// `clip` (ZClip and AutoClip clip the total norm; AdaGC asks for the
-    /// norms itself), unscaling clips (the loss scale would be updated twice
-    /// per step), for AdaGC a `clip` of other semantics than the method's or
-    /// a set rebound since this was made.
+    /// norms itself), for AdaGC unscaling clips, a `clip` of other
+    /// semantics than the method's or a set rebound since this was made.
     pub fn clip(
         &self,
         set: &GradSet,
@@ -322,10 +328,11 @@ impl AdaptiveClip {
                 "per-tensor clipping or norms with an adaptive threshold",
             ));
         }
-        if clip.unscales() {
-            return Err(Error::Unsupported("unscaling with an adaptive threshold"));
-        }
         if let AdaptiveMethod::AdaGc(a) = self.method {
+            if clip.unscales() {
+                // Its pass writes the tensors' factors without the loss scale.
+                return Err(Error::Unsupported("unscaling with AdaGC"));
+            }
             if clip.semantics() != a.semantics {
                 return Err(Error::Unsupported(
                     "a clip whose semantics differ from the AdaGC's",
@@ -341,9 +348,9 @@ impl AdaptiveClip {
             set.scale_from_stats(encoder);
             return Ok(());
         }
-        set.record_norm(encoder, clip)?;
+        let step = set.record_norm_for_adaptive(encoder, clip)?;
         self.encode_pass(encoder);
-        set.clip_own_partial_with_max_norm_from(encoder, clip, (&self.state, MAX_NORM_OFFSET))
+        set.clip_own_partial_with_max_norm_from(encoder, clip, (&self.state, MAX_NORM_OFFSET), step)
     }
 
     fn encode_pass(&self, encoder: &mut wgpu::CommandEncoder) {

@@ -12,8 +12,8 @@ use crate::gpu_errors::check_same_device;
 use crate::partial::NormPartial;
 use crate::plan::{check_recordable, require_usage, too_large};
 use crate::records::{
-    ClipConfig, Partial, CFG_NO_SCALE, CFG_PER_TENSOR, CFG_SUPPLIED, CFG_TENSOR_NORMS,
-    CONFIG_SUPPLIED_OFFSET, DISPATCH_OFFSET, DISPATCH_SIZE, STATS_PARTIAL_OFFSET,
+    ClipConfig, Partial, CFG_KEEP_SCALE, CFG_NO_SCALE, CFG_PER_TENSOR, CFG_SUPPLIED,
+    CFG_TENSOR_NORMS, CONFIG_SUPPLIED_OFFSET, DISPATCH_OFFSET, DISPATCH_SIZE, STATS_PARTIAL_OFFSET,
 };
 
 /// Byte offset of `max_norm` inside `ClipConfig`.
@@ -307,21 +307,40 @@ impl GradSet {
         Ok(())
     }
 
-    /// The clip of an adaptive method ([`crate::adaptive`]): like
+    /// The first half of an adaptive method's step ([`crate::adaptive`]):
+    /// [`record_norm`](Self::record_norm), unscaled by the loss scale when
+    /// `clip` unscales but leaving the scale for the second half to update.
+    /// Returns the step number, for
+    /// [`clip_own_partial_with_max_norm_from`](Self::clip_own_partial_with_max_norm_from).
+    pub(crate) fn record_norm_for_adaptive(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        clip: &ClipNorm,
+    ) -> Result<u64> {
+        let (reduction, mut config) = clip.to_record()?;
+        config.flags |= CFG_NO_SCALE | CFG_KEEP_SCALE;
+        let step = self.begin(encoder, config, true)?;
+        self.encode_norm(encoder, reduction, None);
+        Ok(step)
+    }
+
+    /// The second half of an adaptive method's step, finishing step `step`
+    /// (its report replaces the first half's): like
     /// [`clip_with_partial_from`](Self::clip_with_partial_from) with this
-    /// set's own partial (left by a `record_norm` earlier in the stream),
-    /// and with the clip's `max_norm` replaced by the 4 bytes at
-    /// `max_norm_from`, written on the GPU by the adaptive pass. Both copies
-    /// are recorded after the config upload, so they override it.
+    /// set's own partial (left by the first half), and with the clip's
+    /// `max_norm` replaced by the 4 bytes at `max_norm_from`, written on
+    /// the GPU by the adaptive pass. Both copies are recorded after the
+    /// config upload, so they override it.
     pub(crate) fn clip_own_partial_with_max_norm_from(
         &self,
         encoder: &mut wgpu::CommandEncoder,
         clip: &ClipNorm,
         (source, offset): (&wgpu::Buffer, u64),
+        step: u64,
     ) -> Result<()> {
         let (reduction, config) = supplied_config(clip)?;
         check_recordable(source, "adaptive state buffer")?;
-        self.begin(encoder, config, true)?;
+        self.begin_at(encoder, config, step)?;
         encoder.copy_buffer_to_buffer(
             &self.stats,
             STATS_PARTIAL_OFFSET,
@@ -399,19 +418,36 @@ impl GradSet {
     }
 
     /// The checks every recording makes, then the clip's parameters: a norm
-    /// clip gets the next step number, and `config` is copied into the
-    /// config uniform by a command recorded into `encoder`.
+    /// clip gets the next step number (returned), and `config` is copied
+    /// into the config uniform by a command recorded into `encoder`.
     fn begin(
         &self,
         encoder: &mut wgpu::CommandEncoder,
-        mut config: ClipConfig,
+        config: ClipConfig,
         norm_clip: bool,
+    ) -> Result<u64> {
+        let step = if norm_clip {
+            self.steps.fetch_add(1, Ordering::AcqRel) + 1
+        } else {
+            0
+        };
+        self.begin_at(encoder, config, step)?;
+        Ok(step)
+    }
+
+    /// [`begin`](Self::begin) for a clip that takes step number `step`
+    /// (0: no norm step): an adaptive clip's second half finishes the step
+    /// its `record_norm` began, so a step makes one report.
+    fn begin_at(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        mut config: ClipConfig,
+        step: u64,
     ) -> Result<()> {
         for buffer in &self.bound.buffers {
             check_recordable(buffer, "gradient buffer")?;
         }
-        if norm_clip {
-            let step = self.steps.fetch_add(1, Ordering::AcqRel) + 1;
+        if step != 0 {
             config.step = step as u32;
             if config.flags & (CFG_TENSOR_NORMS | CFG_PER_TENSOR) != 0 {
                 self.tensor_steps.fetch_max(step, Ordering::AcqRel);
