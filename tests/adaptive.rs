@@ -928,8 +928,8 @@ fn adaptive_clips_unscale_once_per_step() {
         gradclip::AutoClip::new(50.0).into(),
     ];
     for method in methods {
-        let plain = Run::new(method.clone(), Semantics::Torch);
-        let scaled = Run::new(method.clone(), Semantics::Torch);
+        let plain = Run::new(method, Semantics::Torch);
+        let scaled = Run::new(method, Semantics::Torch);
         scaled
             .set
             .set_loss_scaler(
