@@ -29,7 +29,7 @@ fn parse_clip(s: &str) -> Result<ClipArg, String> {
         Err(e) => s
             .parse::<f32>()
             .map(ClipArg::MaxNorm)
-            .map_err(|_| e.to_string()),
+            .map_err(|_| format!("{e}, or a max norm")),
     }
 }
 
@@ -39,7 +39,7 @@ struct Args {
     /// Clipping mode: none, fixed (a max norm), zclip or autoclip (adaptive
     /// thresholds computed on the GPU); trained next to a run without
     /// clipping. A number is the fixed mode at that max norm.
-    #[arg(long, default_value = "fixed", value_parser = parse_clip)]
+    #[arg(long, value_name = "MODE", default_value = "fixed", value_parser = parse_clip)]
     clip: ClipArg,
     /// Max global L2 norm of the fixed mode (PyTorch's clip_grad_norm_ semantics) [default: 1].
     #[arg(long)]
