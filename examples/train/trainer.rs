@@ -1,13 +1,14 @@
 //! The demo's GPU training loop, shared by the native CLI and the web page:
-//! every buffer, pipeline and bind group is made once in [`Trainer::new`];
-//! a step records four passes and gradclip's clip into one encoder, and the
-//! only thing read back is the step's small report, asynchronously.
+//! every buffer, pipeline and bind group is made once in [`Trainer::new`]
+//! (gradclip's adaptive clips too); a step records four passes and
+//! gradclip's clip into one encoder, and the only things read back are the
+//! step's small reports, after the step is submitted.
 
 use std::cell::Cell;
 use std::sync::{Arc, Mutex};
 
 use futures_intrusive::sync::ManualResetEvent;
-use gradclip::{ClipNorm, Clipper, GradLayout, GradSet};
+use gradclip::{AdaptiveClip, AutoClip, ClipNorm, Clipper, GradLayout, GradSet, ZClip};
 use wgpu::util::DeviceExt;
 
 use crate::model::Config;
@@ -31,17 +32,112 @@ struct Dims {
     _pad: [u32; 2],
 }
 
+/// How a step clips its gradients before the SGD update.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// No clipping (gradclip still measures the norm, and leaves the gradients alone).
+    None,
+    /// A fixed max norm (PyTorch's `clip_grad_norm_`).
+    Fixed,
+    /// ZClip: clips a norm whose z-score against an EMA of past norms is too high.
+    ZClip,
+    /// AutoClip: clips to a percentile of the norms seen so far.
+    AutoClip,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 4] = [Mode::None, Mode::Fixed, Mode::ZClip, Mode::AutoClip];
+
+    /// The name the CLI and the page use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::None => "none",
+            Mode::Fixed => "fixed",
+            Mode::ZClip => "zclip",
+            Mode::AutoClip => "autoclip",
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Mode {
+    type Err = TrainError;
+
+    fn from_str(s: &str) -> Result<Self, TrainError> {
+        Mode::ALL
+            .into_iter()
+            .find(|m| m.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| TrainError::UnknownMode(s.to_string()))
+    }
+}
+
+/// What can go wrong in the demo's training loop.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error(transparent)]
+    Gradclip(#[from] gradclip::Error),
+    #[error("reading the step's loss back failed: {0}")]
+    Readback(String),
+    #[error("unknown clipping mode {0:?} (none, fixed, zclip or autoclip)")]
+    UnknownMode(String),
+    #[error("the fixed max norm must be positive and finite, got {0}")]
+    InvalidMaxNorm(f32),
+}
+
+/// The adaptive methods' settings, fixed when the trainer is made.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Adaptive {
+    pub zclip: ZClip,
+    pub autoclip: AutoClip,
+}
+
+impl Default for Adaptive {
+    /// The papers' defaults except ZClip's warm-up: 10 steps rather than
+    /// 25, so that ZClip clips within the demo's short runs (CI's 50 steps,
+    /// the page test's 100). AutoClip keeps the paper's 10th percentile, with
+    /// a window longer than the demo's runs (all of history, as in the paper).
+    fn default() -> Self {
+        Self {
+            zclip: ZClip::new().warmup_steps(10),
+            autoclip: AutoClip::new(10.0).window(1000),
+        }
+    }
+}
+
 /// What one training step reports.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepReport {
     /// Steps completed, counting from 1.
     pub step: u32,
+    /// How the step clipped.
+    pub mode: Mode,
     /// Mean squared error of the step's batch, before its update.
     pub loss: f32,
     /// Global L2 norm of the gradients before clipping (NaN or inf once training diverged).
     pub grad_norm: f32,
     /// The factor gradclip multiplied the gradients by (1: untouched).
     pub coefficient: f32,
+    /// The max norm the step's clip used (gradclip's `ClipReport::max_norm`;
+    /// for ZClip and AutoClip the threshold their GPU pass chose); `+inf`:
+    /// nothing would have been clipped (no clipping, or ZClip seeing no spike).
+    pub threshold: f32,
+    /// The smallest norm the step would have clipped: the line to draw next
+    /// to the norm. Fixed and AutoClip: the threshold; ZClip: the spike
+    /// boundary `μ + z·(σ + eps)` of its EMA (`+inf` during its warm-up).
+    pub boundary: f32,
+}
+
+impl StepReport {
+    /// gradclip scaled the gradients down.
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+    pub fn clipped(&self) -> bool {
+        self.coefficient < 1.0
+    }
 }
 
 /// Where a step's `(step, loss)` comes back through.
@@ -68,6 +164,14 @@ pub struct Trainer {
     gradients: wgpu::ComputePipeline,
     sgd_step: wgpu::ComputePipeline,
     grad_set: GradSet,
+    adaptive: Adaptive,
+    zclip: AdaptiveClip,
+    autoclip: AdaptiveClip,
+    /// The mode of the step last submitted: an adaptive clip starts afresh
+    /// when its mode is switched to.
+    mode: Cell<Option<Mode>>,
+    /// The fixed max norm of the step last submitted.
+    max_norm: Cell<f32>,
     readback: Readback,
     lr: Cell<f32>,
 }
@@ -91,6 +195,7 @@ impl Trainer {
         queue: &wgpu::Queue,
         info: wgpu::AdapterInfo,
         config: Config,
+        adaptive: Adaptive,
     ) -> Result<Self, gradclip::Error> {
         let param_count = config.param_count();
         let dims = Dims {
@@ -219,6 +324,8 @@ impl Trainer {
 
         let clipper = Clipper::new(device, queue)?;
         let grad_set = clipper.bind(&grads, &GradLayout::from_sizes(&config.tensor_sizes())?)?;
+        let zclip = AdaptiveClip::new(&grad_set, adaptive.zclip)?;
+        let autoclip = AdaptiveClip::new(&grad_set, adaptive.autoclip)?;
         Ok(Self {
             device: device.clone(),
             queue: queue.clone(),
@@ -234,6 +341,11 @@ impl Trainer {
             gradients,
             sgd_step,
             grad_set,
+            adaptive,
+            zclip,
+            autoclip,
+            mode: Cell::new(None),
+            max_norm: Cell::new(f32::INFINITY),
             readback,
             lr: Cell::new(config.lr),
         })
@@ -242,6 +354,12 @@ impl Trainer {
     #[cfg_attr(not(any(test, target_arch = "wasm32")), allow(dead_code))]
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// The adaptive methods' settings.
+    #[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
+    pub fn adaptive(&self) -> &Adaptive {
+        &self.adaptive
     }
 
     /// Sets the learning rate of the following steps (one small upload).
@@ -255,8 +373,12 @@ impl Trainer {
         }
     }
 
-    /// Back to the initial weights and step 0 (the data stream restarts too).
+    /// Back to the initial weights and step 0 (the data stream restarts
+    /// too), and the adaptive clips to their empty state.
     pub fn reset(&self) {
+        self.zclip.reset();
+        self.autoclip.reset();
+        self.mode.set(None);
         self.queue.write_buffer(
             &self.params,
             0,
@@ -283,23 +405,48 @@ impl Trainer {
         (self.config.param_count() as u32).div_ceil(PER_PARAM_WG)
     }
 
-    /// Submits one training step: loss and gradients, gradclip's clip to
-    /// `max_norm` (or, with `None`, its norm alone: `error_if_nonfinite`
-    /// leaves the gradients untouched, so a diverging run diverges), the SGD
-    /// update, and the copy of the step's report. Await [`report`](Self::report)
-    /// before the next call.
-    pub fn submit_step(&self, max_norm: Option<f32>) -> Result<(), gradclip::Error> {
-        let clip = match max_norm {
-            Some(m) => ClipNorm::new(m),
-            None => ClipNorm::new(f32::MAX).error_if_nonfinite(true),
-        };
+    /// Submits one training step: loss and gradients, gradclip's clip in
+    /// `mode` (`max_norm` is the fixed mode's; `Mode::None` measures the norm
+    /// alone: `error_if_nonfinite` leaves the gradients untouched, so a
+    /// diverging run diverges), the SGD update, and the copy of the step's
+    /// report. Await [`report`](Self::report) before the next call.
+    ///
+    /// Switching to ZClip or AutoClip starts that method afresh (ZClip warms
+    /// up again): statistics gathered under another mode would be stale.
+    pub fn submit_step(&self, mode: Mode, max_norm: f32) -> Result<(), TrainError> {
+        if mode == Mode::Fixed && !(max_norm > 0.0 && max_norm.is_finite()) {
+            return Err(TrainError::InvalidMaxNorm(max_norm));
+        }
+        if self.mode.get() != Some(mode) {
+            match mode {
+                Mode::ZClip => self.zclip.reset(),
+                Mode::AutoClip => self.autoclip.reset(),
+                Mode::None | Mode::Fixed => {}
+            }
+        }
         let mut encoder = self
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("train step"),
             });
         self.record_gradients(&mut encoder);
-        self.grad_set.clip_norm(&mut encoder, &clip)?;
+        match mode {
+            Mode::None => self.grad_set.clip_norm(
+                &mut encoder,
+                &ClipNorm::new(f32::MAX).error_if_nonfinite(true),
+            )?,
+            Mode::Fixed => self
+                .grad_set
+                .clip_norm(&mut encoder, &ClipNorm::new(max_norm))?,
+            // The max norm given is replaced on the GPU by the method's threshold.
+            Mode::ZClip => self
+                .zclip
+                .clip(&self.grad_set, &mut encoder, &ClipNorm::new(1.0))?,
+            Mode::AutoClip => {
+                self.autoclip
+                    .clip(&self.grad_set, &mut encoder, &ClipNorm::new(1.0))?
+            }
+        }
         {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("train sgd"),
@@ -320,37 +467,57 @@ impl Trainer {
             mapped.set();
         });
         self.queue.submit([encoder.finish()]);
+        self.mode.set(Some(mode));
+        self.max_norm.set(max_norm);
         Ok(())
     }
 
     /// The report of the step last submitted: natively it waits for the
-    /// device, in the browser for the map callbacks.
-    pub async fn report(&self) -> Result<StepReport, String> {
-        let (grad_norm, coefficient) = match self.grad_set.read_report().await {
-            Ok(r) => (r.total_norm, r.coefficient),
+    /// device, in the browser for the map callbacks. ZClip's spike boundary
+    /// is not in gradclip's report: for it, ZClip's decision is read back too
+    /// (a second small copy, submitted after the step).
+    pub async fn report(&self) -> Result<StepReport, TrainError> {
+        let mode = self.mode.get().unwrap_or(Mode::None);
+        let (grad_norm, coefficient, used) = match self.grad_set.read_report().await {
+            Ok(r) => (r.total_norm, r.coefficient, r.max_norm),
             // Clipping off and a NaN/inf norm: the gradients went on as they were.
-            Err(gradclip::Error::NonFinite { total_norm }) => (total_norm, 1.0),
-            Err(e) => return Err(e.to_string()),
+            Err(gradclip::Error::NonFinite { total_norm }) => (total_norm, 1.0, f32::MAX),
+            Err(e) => return Err(e.into()),
+        };
+        // gradclip's "no clipping" max norm.
+        let threshold = if used == f32::MAX {
+            f32::INFINITY
+        } else {
+            used
+        };
+        let boundary = match mode {
+            Mode::None => f32::INFINITY,
+            Mode::Fixed => self.max_norm.get(),
+            Mode::ZClip => self.zclip.read_decision().await?.boundary,
+            Mode::AutoClip => threshold,
         };
         self.readback.mapped.wait().await;
         if let Some(e) = self.readback.failed.lock().unwrap().take() {
-            return Err(e);
+            return Err(TrainError::Readback(e));
         }
         let (step, loss) = {
             let view = self
                 .readback
                 .buffer
                 .get_mapped_range(..)
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| TrainError::Readback(e.to_string()))?;
             let words: &[u32] = bytemuck::cast_slice(&view[..]);
             (words[0], f32::from_bits(words[1]))
         };
         self.readback.buffer.unmap();
         Ok(StepReport {
             step,
+            mode,
             loss,
             grad_norm,
             coefficient,
+            threshold,
+            boundary,
         })
     }
 

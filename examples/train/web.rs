@@ -15,9 +15,10 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{future_to_promise, js_sys::Promise};
 
 use model::Config;
-use trainer::Trainer;
+use trainer::{Adaptive, Mode, Trainer};
 
-/// One step's report, as the page sees it.
+/// One step's report, as the page sees it (`trainer::StepReport`; `+inf`
+/// is JavaScript's `Infinity`).
 #[wasm_bindgen]
 #[derive(Clone, Copy)]
 pub struct Step {
@@ -25,6 +26,10 @@ pub struct Step {
     pub loss: f32,
     pub grad_norm: f32,
     pub coefficient: f32,
+    /// The max norm the step's clip used (`Infinity`: nothing clipped).
+    pub threshold: f32,
+    /// The smallest norm the step would have clipped (ZClip: its spike boundary).
+    pub boundary: f32,
 }
 
 /// The trainer behind the page.
@@ -53,8 +58,14 @@ pub async fn start_demo() -> Result<Demo, JsError> {
         })
         .await
         .map_err(|e| JsError::new(&format!("request_device: {e}")))?;
-    let trainer = Trainer::new(&device, &queue, adapter.get_info(), Config::default())
-        .map_err(|e| JsError::new(&e.to_string()))?;
+    let trainer = Trainer::new(
+        &device,
+        &queue,
+        adapter.get_info(),
+        Config::default(),
+        Adaptive::default(),
+    )
+    .map_err(|e| JsError::new(&e.to_string()))?;
     Ok(Demo {
         trainer: Rc::new(trainer),
     })
@@ -87,6 +98,21 @@ impl Demo {
         )
     }
 
+    /// The adaptive modes' settings, in words.
+    pub fn adaptive(&self) -> String {
+        let Adaptive { zclip, autoclip } = self.trainer.adaptive();
+        format!(
+            "ZClip: z-score above {}, EMA α {}, warm-up {} steps; AutoClip: {}th percentile of \
+             the last {} norms",
+            zclip.z_thresh, zclip.alpha, zclip.warmup_steps, autoclip.percentile, autoclip.window
+        )
+    }
+
+    /// ZClip's warm-up: its first steps have no threshold.
+    pub fn zclip_warmup(&self) -> u32 {
+        self.trainer.adaptive().zclip.warmup_steps
+    }
+
     pub fn lr(&self) -> f32 {
         self.trainer.config().lr
     }
@@ -100,20 +126,26 @@ impl Demo {
         self.trainer.reset();
     }
 
-    /// Submits one step (clipping to `max_norm` when `clip` is on) and
-    /// resolves to its `Step` report. Await it before the next call.
-    pub fn step(&self, clip: bool, max_norm: f32) -> Promise {
+    /// Submits one step clipped in `mode` (`"none"`, `"fixed"` at
+    /// `max_norm`, `"zclip"` or `"autoclip"`; switching to an adaptive mode
+    /// starts it afresh) and resolves to its `Step` report. Await it before
+    /// the next call.
+    pub fn step(&self, mode: &str, max_norm: f32) -> Promise {
         let trainer = self.trainer.clone();
+        let mode = mode.parse::<Mode>();
         future_to_promise(async move {
+            let js = |e: trainer::TrainError| JsError::new(&e.to_string());
             trainer
-                .submit_step(clip.then_some(max_norm))
-                .map_err(|e| JsError::new(&e.to_string()))?;
-            let r = trainer.report().await.map_err(|e| JsError::new(&e))?;
+                .submit_step(mode.map_err(js)?, max_norm)
+                .map_err(js)?;
+            let r = trainer.report().await.map_err(js)?;
             Ok(Step {
                 step: r.step,
                 loss: r.loss,
                 grad_norm: r.grad_norm,
                 coefficient: r.coefficient,
+                threshold: r.threshold,
+                boundary: r.boundary,
             }
             .into())
         })
