@@ -49,14 +49,17 @@ pub(super) struct Bindings {
     pub buffers: Vec<wgpu::Buffer>,
     /// Where each tensor is, to see whether a rebind changes anything.
     pub placements: Vec<Placement>,
-    /// What each bind group binds of the gradients: buffer (index into
-    /// `buffers`), element type, byte offset and size.
-    windows: Vec<(usize, GradType, u64, u64)>,
+    /// What each bind group binds of the gradients.
+    windows: Vec<WindowRange>,
     /// Set for bindings made by a rebind: their plan table and window
     /// records are written by each clip's own commands, so that later
     /// rebinds inside the same windows keep the bind groups.
     pub movable: Option<Movable>,
 }
+
+/// What one bind group binds of the gradients: buffer (index into
+/// `Bindings::buffers`), element type, byte offset and size.
+type WindowRange = (usize, GradType, u64, u64);
 
 /// The plan table and window records of movable bindings, and their bytes
 /// for the current places (what each clip copies in before its passes).
@@ -69,14 +72,20 @@ pub(super) struct Movable {
 }
 
 impl Bindings {
-    /// Whether movable bindings can take the places of `bound` by new
-    /// table bytes alone: the same windows of the same buffers, a table and
-    /// a partials scratch large enough.
-    fn fits(&self, bound: &Bound, placed: &Placed<'_>, partials: &wgpu::Buffer) -> bool {
+    /// Whether movable bindings can take the places of `bound` (binding
+    /// `windows`, from [`window_ranges`]) by new table bytes alone: the
+    /// same windows of the same buffers, a table and a partials scratch
+    /// large enough.
+    fn fits(
+        &self,
+        bound: &Bound,
+        placed: &Placed<'_>,
+        windows: &[WindowRange],
+        partials: &wgpu::Buffer,
+    ) -> bool {
         let Some(movable) = &self.movable else {
             return false;
         };
-        let windows = window_ranges(bound, placed);
         self.has_elements
             && windows.len() == self.windows.len()
             && windows.iter().zip(&self.windows).all(|(a, b)| {
@@ -87,7 +96,13 @@ impl Bindings {
     }
 
     /// Moves bindings that [`fits`](Self::fits) `bound` to its places.
-    fn move_to(&mut self, bound: &Bound, placed: &Placed<'_>, uniform_stride: u64) {
+    fn move_to(
+        &mut self,
+        bound: &Bound,
+        placed: &Placed<'_>,
+        windows: Vec<WindowRange>,
+        uniform_stride: u64,
+    ) {
         let movable = self.movable.as_mut().expect("fits() checked it");
         movable.table_bytes = bytemuck::cast_slice(&bound.plan.table_words()).to_vec();
         movable.record_bytes = record_bytes(bound, uniform_stride);
@@ -95,7 +110,7 @@ impl Bindings {
         self.tensor_workgroups = bound.workgroups;
         self.buffers = placed.buffers.iter().map(|b| (*b).clone()).collect();
         self.placements = placed.placements.clone();
-        self.windows = window_ranges(bound, placed);
+        self.windows = windows;
     }
 
     fn same_places(&self, placed: &Placed<'_>) -> bool {
@@ -265,6 +280,14 @@ fn partials_buffer(device: &wgpu::Device, len: u64) -> wgpu::Buffer {
     })
 }
 
+/// Entries for a movable binding's table or scratch that `needed` entries
+/// fill: a quarter and `slack` more, for places that need a few more chunks
+/// than these, within the `most` a binding holds (never below `needed`,
+/// which the plan checked against the limit).
+fn with_room(needed: u64, slack: u64, most: u64) -> u64 {
+    (needed + needed / 4 + slack).min(most).max(needed)
+}
+
 /// Bytes between window records in the uniform buffer.
 fn uniform_stride(device: &wgpu::Device) -> u64 {
     (size_of::<WindowInfo>() as u64)
@@ -310,7 +333,7 @@ fn record_bytes(bound: &Bound, uniform_stride: u64) -> Vec<u8> {
 /// What each window binds: its whole grid cell, up to the end of the
 /// buffer (never less than its tensors reach), so that tensors moving
 /// inside the cell need no new bind group.
-fn window_ranges(bound: &Bound, placed: &Placed<'_>) -> Vec<(usize, GradType, u64, u64)> {
+fn window_ranges(bound: &Bound, placed: &Placed<'_>) -> Vec<WindowRange> {
     bound
         .plan
         .windows
@@ -361,12 +384,8 @@ fn bindings(
 
     let catch = Catch::begin(device);
     let (table, uniforms) = if movable {
-        // Room for places that need a few more chunks than these.
-        let words = table_words.len() as u64;
-        let max_binding = device.limits().max_storage_buffer_binding_size / 4 * 4;
-        let table_size = (4 * (words + words / 4 + 64))
-            .min(max_binding)
-            .max(4 * words);
+        let most = device.limits().max_storage_buffer_binding_size / 4;
+        let table_size = 4 * with_room(table_words.len() as u64, 64, most);
         let table = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("gradclip plan table (moving gradients)"),
             size: table_size,
@@ -590,20 +609,18 @@ impl GradSet {
             .is_some_and(|(previous, _)| previous.same_places(&placed));
         let bound = Bound::new(&self.layout, &placed, &self.inner.device.limits())?;
         let stride = uniform_stride(&self.inner.device);
-        if !back && self.bound.fits(&bound, &placed, &self.partials) {
-            self.bound.move_to(&bound, &placed, stride);
+        let windows = window_ranges(&bound, &placed);
+        if !back && self.bound.fits(&bound, &placed, &windows, &self.partials) {
+            self.bound.move_to(&bound, &placed, windows, stride);
             self.rebinds += 1;
             return Ok(true);
         }
         if let Some((mut previous, partials)) = self.previous.take() {
-            if back || previous.fits(&bound, &placed, &partials) {
+            if back || previous.fits(&bound, &placed, &windows, &partials) {
                 if !back {
-                    previous.move_to(&bound, &placed, stride);
+                    previous.move_to(&bound, &placed, windows, stride);
                 }
-                let current = std::mem::replace(&mut self.bound, previous);
-                let scratch = std::mem::replace(&mut self.partials, partials);
-                self.previous = Some((current, scratch));
-                self.rebinds += 1;
+                self.switch_to(previous, partials);
                 return Ok(true);
             }
             self.previous = Some((previous, partials));
@@ -611,11 +628,10 @@ impl GradSet {
         let needed = bound.plan.partials_len() * size_of::<Partial>() as u64;
         let partials = if needed > self.partials.size() {
             log::info!("gradclip: rebind grows the partials scratch to {needed} bytes");
-            // Room for places that need a few more chunks, as the table has.
-            let len = bound.plan.partials_len();
             let most = self.inner.device.limits().max_storage_buffer_binding_size
                 / size_of::<Partial>() as u64;
-            partials_buffer(&self.inner.device, (len + len / 4 + 16).min(most).max(len))
+            let len = with_room(bound.plan.partials_len(), 16, most);
+            partials_buffer(&self.inner.device, len)
         } else {
             self.partials.clone()
         };
@@ -625,11 +641,17 @@ impl GradSet {
             config: &self.config,
         };
         let bound = bindings(&self.inner, &bound, &placed, scratch, true)?;
+        self.switch_to(bound, partials);
+        self.rebuilds += 1;
+        Ok(true)
+    }
+
+    /// Makes `bound` (with its partials scratch) the set's bindings, and
+    /// keeps the current ones as the previous; counts a rebind.
+    fn switch_to(&mut self, bound: Bindings, partials: wgpu::Buffer) {
         let current = std::mem::replace(&mut self.bound, bound);
         let scratch = std::mem::replace(&mut self.partials, partials);
         self.previous = Some((current, scratch));
         self.rebinds += 1;
-        self.rebuilds += 1;
-        Ok(true)
     }
 }

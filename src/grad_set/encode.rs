@@ -199,11 +199,23 @@ impl GradSet {
                 "per-tensor clipping in record_norm: an optimizer applies one factor",
             ));
         }
-        let (reduction, mut config) = clip.to_record()?;
-        config.flags |= CFG_NO_SCALE;
-        self.begin(encoder, config, true)?;
-        self.encode_norm(encoder, reduction, None);
+        self.record_norm_with(encoder, clip, 0)?;
         Ok(())
+    }
+
+    /// [`record_norm`](Self::record_norm) with `flags` added to the
+    /// config's; returns the step number it took.
+    fn record_norm_with(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        clip: &ClipNorm,
+        flags: u32,
+    ) -> Result<u64> {
+        let (reduction, mut config) = clip.to_record()?;
+        config.flags |= CFG_NO_SCALE | flags;
+        let step = self.begin(encoder, config, true)?;
+        self.encode_norm(encoder, reduction, None);
+        Ok(step)
     }
 
     /// Clips with a total that the caller supplies (PyTorch's
@@ -317,11 +329,7 @@ impl GradSet {
         encoder: &mut wgpu::CommandEncoder,
         clip: &ClipNorm,
     ) -> Result<u64> {
-        let (reduction, mut config) = clip.to_record()?;
-        config.flags |= CFG_NO_SCALE | CFG_KEEP_SCALE;
-        let step = self.begin(encoder, config, true)?;
-        self.encode_norm(encoder, reduction, None);
-        Ok(step)
+        self.record_norm_with(encoder, clip, CFG_KEEP_SCALE)
     }
 
     /// The second half of an adaptive method's step, finishing step `step`
@@ -376,10 +384,7 @@ impl GradSet {
         encoder: &mut wgpu::CommandEncoder,
         clip: &ClipNorm,
     ) -> Result<()> {
-        let (reduction, mut config) = clip.tensor_norms(true).to_record()?;
-        config.flags |= CFG_NO_SCALE | CFG_PER_TENSOR;
-        self.begin(encoder, config, true)?;
-        self.encode_norm(encoder, reduction, None);
+        self.record_norm_with(encoder, &clip.tensor_norms(true), CFG_PER_TENSOR)?;
         Ok(())
     }
 
