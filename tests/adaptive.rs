@@ -91,17 +91,22 @@ impl Run {
         }
     }
 
-    /// Uploads `data`, records and submits one adaptive step (nothing is
-    /// mapped or read while recording), then reads what it did.
-    fn step(&self, data: &[f32]) -> (GpuStep, Vec<f32>) {
+    /// Uploads `data`, records one adaptive step with `clip` (nothing is
+    /// mapped or read while recording) and submits it.
+    fn record(&self, data: &[f32], clip: &ClipNorm) {
         let g = gpu();
         g.queue
             .write_buffer(&self.buffer, 0, bytemuck::cast_slice(data));
         let mut encoder = g.device.create_command_encoder(&Default::default());
-        self.adaptive
-            .clip(&self.set, &mut encoder, &self.clip)
-            .unwrap();
+        self.adaptive.clip(&self.set, &mut encoder, clip).unwrap();
         g.queue.submit([encoder.finish()]);
+    }
+
+    /// [`record`](Self::record)s one adaptive step with the run's clip,
+    /// then reads what it did.
+    fn step(&self, data: &[f32]) -> (GpuStep, Vec<f32>) {
+        let g = gpu();
+        self.record(data, &self.clip);
         let decision = pollster::block_on(self.adaptive.read_decision()).unwrap();
         let report = pollster::block_on(self.set.read_report()).unwrap();
         if !matches!(self.adaptive.method(), AdaptiveMethod::AdaGc(_)) {
@@ -333,13 +338,7 @@ fn adagc_against(method: gradclip::AdaGc, cfg: reference::AdaGcConfig) -> Vec<Ve
             data.extend(part);
         }
         let want = want_ref.step(&norms);
-        g.queue
-            .write_buffer(&run.buffer, 0, bytemuck::cast_slice(&data));
-        let mut encoder = g.device.create_command_encoder(&Default::default());
-        run.adaptive
-            .clip(&run.set, &mut encoder, &run.clip)
-            .unwrap();
-        g.queue.submit([encoder.finish()]);
+        run.record(&data, &run.clip);
         let decision = pollster::block_on(run.adaptive.read_decision()).unwrap();
         let tensors = pollster::block_on(run.adaptive.read_tensor_decisions()).unwrap();
         let after = download(&g.device, &g.queue, &run.buffer, data.len());
@@ -502,13 +501,7 @@ fn adagc_state_survives_save_and_restore() {
     let original = Run::with_sizes(method, Semantics::Torch, &ADAGC_SIZES);
     let g = gpu();
     let step = |run: &Run, d: &[f32]| {
-        g.queue
-            .write_buffer(&run.buffer, 0, bytemuck::cast_slice(d));
-        let mut encoder = g.device.create_command_encoder(&Default::default());
-        run.adaptive
-            .clip(&run.set, &mut encoder, &run.clip)
-            .unwrap();
-        g.queue.submit([encoder.finish()]);
+        run.record(d, &run.clip);
         let t = pollster::block_on(run.adaptive.read_tensor_decisions()).unwrap();
         (t, download(&g.device, &g.queue, &run.buffer, d.len()))
     };
@@ -877,13 +870,7 @@ fn zclip_runs_500_steps_without_the_host() {
     for &target in &targets {
         let data = reference::gradients_with_norm(&mut rng, len, target);
         want.push(z.step(norm64(&data)));
-        g.queue
-            .write_buffer(&run.buffer, 0, bytemuck::cast_slice(&data));
-        let mut encoder = g.device.create_command_encoder(&Default::default());
-        run.adaptive
-            .clip(&run.set, &mut encoder, &run.clip)
-            .unwrap();
-        g.queue.submit([encoder.finish()]);
+        run.record(&data, &run.clip);
         last = data;
     }
     // One report per step: the log holds the last 64 of the 500.
@@ -947,18 +934,11 @@ fn adaptive_clips_unscale_once_per_step() {
         for (t, &target) in targets.iter().take(40).enumerate() {
             let data = reference::gradients_with_norm(&mut rng, len, target);
             let mut up: Vec<f32> = data.iter().map(|x| x * scale).collect();
-            let record = |run: &Run, clip: &ClipNorm, data: &[f32]| {
-                g.queue
-                    .write_buffer(&run.buffer, 0, bytemuck::cast_slice(data));
-                let mut encoder = g.device.create_command_encoder(&Default::default());
-                run.adaptive.clip(&run.set, &mut encoder, clip).unwrap();
-                g.queue.submit([encoder.finish()]);
-            };
             if t == 17 {
                 // An overflow in the scaled backward pass.
                 up[3] = f32::INFINITY;
                 let state = pollster::block_on(scaled.adaptive.save_state()).unwrap();
-                record(&scaled, &unscale, &up);
+                scaled.record(&up, &unscale);
                 let report = pollster::block_on(scaled.set.read_report()).unwrap();
                 assert!(report.found_inf, "{method:?}: {report:?}");
                 assert_eq!(report.coefficient, 1.0);
@@ -982,8 +962,8 @@ fn adaptive_clips_unscale_once_per_step() {
                 scales.push(scale);
                 continue;
             }
-            record(&plain, &plain.clip, &data);
-            record(&scaled, &unscale, &up);
+            plain.record(&data, &plain.clip);
+            scaled.record(&up, &unscale);
             let (a, b) = (
                 pollster::block_on(plain.set.read_report()).unwrap(),
                 pollster::block_on(scaled.set.read_report()).unwrap(),

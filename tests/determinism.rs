@@ -6,9 +6,8 @@
 
 mod common;
 
-use common::{assert_no_wgpu_errors, gpu, GRAD_USAGE};
+use common::{assert_no_wgpu_errors, gpu};
 use gradclip::{ClipNorm, ClipReport, Clipper, ElementPath, GradLayout, GradType, Norm};
-use wgpu::util::DeviceExt;
 
 /// Layout 0: odd lengths, tensors that straddle chunk boundaries (32768
 /// elements) and runs of tiny tensors, so that per-tensor and flat cuts of
@@ -62,18 +61,12 @@ fn sizes(seed: u64) -> Vec<usize> {
 }
 
 fn buffer(bytes: &[u8]) -> wgpu::Buffer {
-    gpu()
-        .device
-        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("determinism gradients"),
-            contents: bytes,
-            usage: GRAD_USAGE,
-        })
+    common::buffers::upload_bytes(&gpu().device, bytes)
 }
 
 fn read_words(buffer: &wgpu::Buffer) -> Vec<u32> {
     let g = gpu();
-    let floats = common::download(&g.device, &g.queue, buffer, (buffer.size() / 4) as usize);
+    let floats = common::download_all(&g.device, &g.queue, buffer);
     floats.iter().map(|x| x.to_bits()).collect()
 }
 

@@ -110,18 +110,12 @@ fn decoded(ty: Half, bits: &[u16]) -> Vec<f32> {
 }
 
 fn buffer(bytes: &[u8]) -> wgpu::Buffer {
-    gpu()
-        .device
-        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("test 16-bit gradients"),
-            contents: bytes,
-            usage: GRAD_USAGE,
-        })
+    common::buffers::upload_bytes(&gpu().device, bytes)
 }
 
 fn read_bytes(buffer: &wgpu::Buffer) -> Vec<u8> {
     let g = gpu();
-    let words = common::download(&g.device, &g.queue, buffer, (buffer.size() / 4) as usize);
+    let words = common::download_all(&g.device, &g.queue, buffer);
     bytemuck::cast_slice(&words).to_vec()
 }
 

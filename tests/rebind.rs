@@ -5,7 +5,7 @@
 mod common;
 
 use common::reference::{self, assert_close, Order};
-use common::{assert_no_wgpu_errors, download, gpu, upload};
+use common::{assert_no_wgpu_errors, download_all, gpu, upload};
 use gradclip::{ClipNorm, GradLayout, GradType};
 
 fn places<'a>(
@@ -66,23 +66,14 @@ fn rebinding_back_and_forth_clips_the_right_gradients() {
     {
         // Fresh gradients at this step's places.
         let data = ramp(n, 0.01 * (step + 1) as f32);
-        let mut at = 0;
-        for (&offset, &size) in offsets.iter().zip(&sizes) {
-            g.queue
-                .write_buffer(pool, offset * 4, bytemuck::cast_slice(&data[at..at + size]));
-            at += size;
-        }
+        write_at(g, pool, offsets, &sizes, &data);
         set.rebind_ranges(at_places).unwrap();
         let mut encoder = g.device.create_command_encoder(&Default::default());
         set.clip_norm(&mut encoder, &ClipNorm::new(1.0)).unwrap();
         g.queue.submit([encoder.finish()]);
         let norm = reference::norm(&data, Order::L2);
         let want = reference::torch_clipped(&data, norm, 1.0);
-        let whole = download(&g.device, &g.queue, pool, (pool.size() / 4) as usize);
-        let mut got = Vec::with_capacity(n);
-        for (&offset, &size) in offsets.iter().zip(&sizes) {
-            got.extend_from_slice(&whole[offset as usize..offset as usize + size]);
-        }
+        let got = read_at(g, pool, offsets, &sizes);
         assert_close(&got, &want, 1e-6, &format!("step {step}"));
         let report = pollster::block_on(set.read_report()).unwrap();
         assert_eq!(report.step, step as u64 + 1);
@@ -116,7 +107,7 @@ fn write_at(g: &common::Gpu, pool: &wgpu::Buffer, offsets: &[u64], sizes: &[usiz
 }
 
 fn read_at(g: &common::Gpu, pool: &wgpu::Buffer, offsets: &[u64], sizes: &[usize]) -> Vec<f32> {
-    let whole = download(&g.device, &g.queue, pool, (pool.size() / 4) as usize);
+    let whole = download_all(&g.device, &g.queue, pool);
     let mut got = Vec::new();
     for (&offset, &size) in offsets.iter().zip(sizes) {
         got.extend_from_slice(&whole[offset as usize..offset as usize + size]);

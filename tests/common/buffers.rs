@@ -13,6 +13,11 @@ pub fn upload(device: &wgpu::Device, data: &[f32]) -> wgpu::Buffer {
     } else {
         bytemuck::cast_slice(data)
     };
+    upload_bytes(device, bytes)
+}
+
+/// A gradient buffer holding `bytes` (f16/bf16 words, or f32 bit patterns).
+pub fn upload_bytes(device: &wgpu::Device, bytes: &[u8]) -> wgpu::Buffer {
     device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
         label: Some("test gradients"),
         contents: bytes,

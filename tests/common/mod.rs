@@ -114,6 +114,11 @@ pub fn download(
     buffers::read_mapped(&staging)
 }
 
+/// Every whole f32 word of `buffer`.
+pub fn download_all(device: &wgpu::Device, queue: &wgpu::Queue, buffer: &wgpu::Buffer) -> Vec<f32> {
+    download(device, queue, buffer, (buffer.size() / 4) as usize)
+}
+
 /// Runs `record` on a fresh encoder, submits it, and returns the report (or
 /// the error) of the latest clip together with the gradients afterwards.
 pub fn run_clip(
