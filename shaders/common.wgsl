@@ -41,14 +41,6 @@ const SCALE_ZERO_FINITE: u32 = 1u; // PyTorch with an inf norm: finite -> signed
 const SCALE_ALL_NAN: u32 = 2u;     // NaN norm (or TensorFlow with any non-finite norm)
 const SCALE_PER_TENSOR: u32 = 3u;  // g * stats.tensors[tensor]'s coefficient
 
-const ABS_MASK: u32 = 0x7fffffffu;
-const EXP_MASK: u32 = 0x7f800000u;
-const MANT_MASK: u32 = 0x007fffffu;
-const SIGN_MASK: u32 = 0x80000000u;
-const QUIET_NAN: u32 = 0x7fc00000u;
-const POS_INF: u32 = 0x7f800000u;
-const ONE_BITS: u32 = 0x3f800000u;
-
 // Reports of the last LOG_LEN steps stay on the GPU, at log[step % LOG_LEN].
 const LOG_LEN: u32 = 64u;
 
@@ -256,14 +248,6 @@ fn mul_pow2(x: f32, k: i32) -> f32 {
         return bitcast<f32>(sign | POS_INF);
     }
     return bitcast<f32>((bits & ~EXP_MASK) | (u32(n) << 23u));
-}
-
-// A quiet NaN as a runtime value. A constant expression that evaluates to NaN
-// or an infinity is a shader-creation error in WGSL: Tint (Chromium, Dawn)
-// rejects `bitcast<f32>(QUIET_NAN)` where naga accepts it. A function
-// parameter is never a constant expression, so the bits pass through one.
-fn f32_from_bits(bits: u32) -> f32 {
-    return bitcast<f32>(bits);
 }
 
 fn is_finite_f32(x: f32) -> bool {

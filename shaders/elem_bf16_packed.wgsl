@@ -2,19 +2,11 @@
 // per u32 word, element 2w in the low half; the same word ownership rule as
 // elem_f16_packed.wgsl. bf16 is the top half of an f32, so decoding is a
 // shift (exact, subnormals and NaN payloads included) and encoding rounds
-// the dropped 16 bits to nearest even on the integer bits.
+// the dropped 16 bits to nearest even on the integer bits (half.wgsl).
 
 @group(0) @binding(0) var<storage, read_write> grads: array<u32>;
 
 const UNIT: u32 = 2u;
-
-fn f32_bits_to_bf16(x: u32) -> u32 {
-    if (x & ABS_MASK) > EXP_MASK {
-        return (x >> 16u) | 0x40u; // quiet NaN, sign kept
-    }
-    // The carry out of the mantissa moves into the exponent, up to inf.
-    return (x + 0x7fffu + ((x >> 16u) & 1u)) >> 16u;
-}
 
 fn load_unit(j: u32) -> vec2<u32> {
     let w = grads[j >> 1u];

@@ -1,4 +1,4 @@
-// IEEE binary16 <-> binary32 on the integer bits. Decoding is exact for
+// IEEE binary16 and bfloat16 <-> binary32 on the integer bits. Decoding is exact for
 // every f16 (subnormals become normal f32s); encoding rounds to nearest,
 // ties to even, overflowing to +-inf. Neither relies on the GPU's own
 // conversions: unpack2x16float may flush subnormals and pack2x16float's
@@ -57,4 +57,14 @@ fn f32_bits_to_f16(x: u32) -> u32 {
         m += 1u; // 0x400 is the smallest normal: the encoding carries over by itself
     }
     return sign | m;
+}
+
+// bf16 bits (low 16) of the f32 with bits x, rounded to nearest even. bf16 is
+// the top half of an f32: decoding is `h << 16`.
+fn f32_bits_to_bf16(x: u32) -> u32 {
+    if (x & ABS_MASK) > EXP_MASK {
+        return (x >> 16u) | 0x40u; // quiet NaN, sign kept
+    }
+    // The carry out of the mantissa moves into the exponent, up to inf.
+    return (x + 0x7fffu + ((x >> 16u) & 1u)) >> 16u;
 }

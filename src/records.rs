@@ -163,6 +163,21 @@ pub const CFG_ERROR_IF_NONFINITE: u32 = 16;
 pub const CFG_SUPPLIED: u32 = 32;
 pub const CFG_KEEP_SCALE: u32 = 64;
 
+/// Values of AGC's `DTYPE` override ([`crate::shaders::AGC_DTYPE_OVERRIDE`]),
+/// the WGSL constants of the same names in `shaders/adaptive_agc.wgsl`.
+pub const AGC_DTYPE_F32: u32 = 0;
+pub const AGC_DTYPE_F16: u32 = 1;
+pub const AGC_DTYPE_BF16: u32 = 2;
+
+/// The `DTYPE` override of AGC's pipelines for gradients and parameters of `dtype`.
+pub fn agc_dtype(dtype: crate::GradType) -> u32 {
+    match dtype {
+        crate::GradType::F32 => AGC_DTYPE_F32,
+        crate::GradType::F16 => AGC_DTYPE_F16,
+        crate::GradType::Bf16 => AGC_DTYPE_BF16,
+    }
+}
+
 /// A record's WGSL struct name, byte size and `(member, offset)` pairs.
 pub type RecordLayout = (&'static str, usize, Vec<(&'static str, usize)>);
 

@@ -35,6 +35,7 @@ impl PassModule {
 }
 
 const CLIP_STATE: (&str, &str) = ("clip_state.wgsl", crate::wgsl::CLIP_STATE);
+const BITS: (&str, &str) = ("bits.wgsl", include_str!("../shaders/bits.wgsl"));
 const COMMON: (&str, &str) = ("common.wgsl", include_str!("../shaders/common.wgsl"));
 const FOLD: (&str, &str) = ("fold.wgsl", include_str!("../shaders/fold.wgsl"));
 const HALF: (&str, &str) = ("half.wgsl", include_str!("../shaders/half.wgsl"));
@@ -58,7 +59,7 @@ const SCALE_ENTRY_POINTS: &[&str] = &["scale", "clamp_values"];
 /// Reduce: per-chunk partial norms (f32 gradients).
 pub const REDUCE: PassModule = PassModule {
     name: "gradclip reduce",
-    files: &[CLIP_STATE, COMMON, ELEM_F32, FOLD, REDUCE_FILE],
+    files: &[CLIP_STATE, BITS, COMMON, ELEM_F32, FOLD, REDUCE_FILE],
     entry_points: REDUCE_ENTRY_POINTS,
     shader_f16: false,
 };
@@ -69,6 +70,7 @@ pub const FINALIZE: PassModule = PassModule {
     name: "gradclip finalize",
     files: &[
         CLIP_STATE,
+        BITS,
         COMMON,
         FOLD,
         ("finalize.wgsl", include_str!("../shaders/finalize.wgsl")),
@@ -80,7 +82,7 @@ pub const FINALIZE: PassModule = PassModule {
 /// Scale: in-place multiply (norm clipping) and clamp (value clipping), f32 gradients.
 pub const SCALE: PassModule = PassModule {
     name: "gradclip scale",
-    files: &[CLIP_STATE, COMMON, ELEM_F32, SCALE_FILE],
+    files: &[CLIP_STATE, BITS, COMMON, ELEM_F32, SCALE_FILE],
     entry_points: SCALE_ENTRY_POINTS,
     shader_f16: false,
 };
@@ -88,7 +90,7 @@ pub const SCALE: PassModule = PassModule {
 /// Reduce over f16 gradients with native 16-bit loads (`shader-f16`).
 pub const REDUCE_F16: PassModule = PassModule {
     name: "gradclip reduce f16",
-    files: &[ELEM_F16, CLIP_STATE, COMMON, HALF, FOLD, REDUCE_FILE],
+    files: &[ELEM_F16, CLIP_STATE, BITS, COMMON, HALF, FOLD, REDUCE_FILE],
     entry_points: REDUCE_ENTRY_POINTS,
     shader_f16: true,
 };
@@ -96,7 +98,7 @@ pub const REDUCE_F16: PassModule = PassModule {
 /// Scale over f16 gradients with native 16-bit stores (`shader-f16`).
 pub const SCALE_F16: PassModule = PassModule {
     name: "gradclip scale f16",
-    files: &[ELEM_F16, CLIP_STATE, COMMON, HALF, SCALE_FILE],
+    files: &[ELEM_F16, CLIP_STATE, BITS, COMMON, HALF, SCALE_FILE],
     entry_points: SCALE_ENTRY_POINTS,
     shader_f16: true,
 };
@@ -104,7 +106,15 @@ pub const SCALE_F16: PassModule = PassModule {
 /// Reduce over f16 gradients read as pairs from `u32` words.
 pub const REDUCE_F16_PACKED: PassModule = PassModule {
     name: "gradclip reduce f16 packed",
-    files: &[CLIP_STATE, COMMON, HALF, ELEM_F16_PACKED, FOLD, REDUCE_FILE],
+    files: &[
+        CLIP_STATE,
+        BITS,
+        COMMON,
+        HALF,
+        ELEM_F16_PACKED,
+        FOLD,
+        REDUCE_FILE,
+    ],
     entry_points: REDUCE_ENTRY_POINTS,
     shader_f16: false,
 };
@@ -112,7 +122,7 @@ pub const REDUCE_F16_PACKED: PassModule = PassModule {
 /// Scale over f16 gradients written as pairs into `u32` words.
 pub const SCALE_F16_PACKED: PassModule = PassModule {
     name: "gradclip scale f16 packed",
-    files: &[CLIP_STATE, COMMON, HALF, ELEM_F16_PACKED, SCALE_FILE],
+    files: &[CLIP_STATE, BITS, COMMON, HALF, ELEM_F16_PACKED, SCALE_FILE],
     entry_points: SCALE_ENTRY_POINTS,
     shader_f16: false,
 };
@@ -120,7 +130,15 @@ pub const SCALE_F16_PACKED: PassModule = PassModule {
 /// Reduce over bf16 gradients read as pairs from `u32` words.
 pub const REDUCE_BF16_PACKED: PassModule = PassModule {
     name: "gradclip reduce bf16 packed",
-    files: &[CLIP_STATE, COMMON, ELEM_BF16_PACKED, FOLD, REDUCE_FILE],
+    files: &[
+        CLIP_STATE,
+        BITS,
+        COMMON,
+        HALF,
+        ELEM_BF16_PACKED,
+        FOLD,
+        REDUCE_FILE,
+    ],
     entry_points: REDUCE_ENTRY_POINTS,
     shader_f16: false,
 };
@@ -128,7 +146,7 @@ pub const REDUCE_BF16_PACKED: PassModule = PassModule {
 /// Scale over bf16 gradients written as pairs into `u32` words.
 pub const SCALE_BF16_PACKED: PassModule = PassModule {
     name: "gradclip scale bf16 packed",
-    files: &[CLIP_STATE, COMMON, ELEM_BF16_PACKED, SCALE_FILE],
+    files: &[CLIP_STATE, BITS, COMMON, HALF, ELEM_BF16_PACKED, SCALE_FILE],
     entry_points: SCALE_ENTRY_POINTS,
     shader_f16: false,
 };
@@ -165,14 +183,19 @@ pub const ADAPTIVE_ADAGC: PassModule = PassModule {
 
 /// AGC's unit-wise clip ([`crate::AgcClip`]): gradients, parameters, the
 /// unit table, the per-unit results and the parameters; standalone (no
-/// `ClipState`), not in [`MODULES`].
+/// `ClipState`), not in [`MODULES`]. The element type is the
+/// [`AGC_DTYPE_OVERRIDE`] override.
 pub const ADAPTIVE_AGC: PassModule = PassModule {
     name: "gradclip adaptive agc",
-    files: &[(
-        "adaptive_agc.wgsl",
-        include_str!("../shaders/adaptive_agc.wgsl"),
-    )],
-    entry_points: &["agc"],
+    files: &[
+        BITS,
+        HALF,
+        (
+            "adaptive_agc.wgsl",
+            include_str!("../shaders/adaptive_agc.wgsl"),
+        ),
+    ],
+    entry_points: &["agc_norms", "agc_scale"],
     shader_f16: false,
 };
 
@@ -204,3 +227,9 @@ pub const WORKGROUP_SIZE_OVERRIDE: &str = "WG";
 /// Name of the pipeline-overridable constant that picks the reduction
 /// (0 = L2, 1 = Inf, 2 = general p) of the reduce and finalize pipelines.
 pub const KIND_OVERRIDE: &str = "KIND";
+/// Name of the pipeline-overridable constant that sets the element type of
+/// AGC's gradients and parameters ([`crate::records::agc_dtype`]).
+pub const AGC_DTYPE_OVERRIDE: &str = "DTYPE";
+/// Workgroup size of both AGC entry points (`WG` in `shaders/adaptive_agc.wgsl`):
+/// `agc_scale` takes one word per invocation.
+pub const AGC_WORKGROUP_SIZE: u32 = 64;

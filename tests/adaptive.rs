@@ -7,7 +7,9 @@ mod common;
 
 use common::adaptive_reference::{self as reference, Rng, StepOut};
 use common::{assert_no_wgpu_errors, download, gpu, upload};
-use gradclip::{AdaptiveClip, AdaptiveDecision, AdaptiveMethod, ClipNorm, GradLayout, Semantics};
+use gradclip::{
+    AdaptiveClip, AdaptiveDecision, AdaptiveMethod, ClipNorm, GradLayout, GradType, Semantics,
+};
 
 /// Tensor sizes of the test set (two tensors, so the flat walk crosses one).
 const SIZES: [usize; 2] = [700, 324];
@@ -615,7 +617,7 @@ fn invalid_parameters_and_unsupported_clips_are_errors() {
 }
 
 #[test]
-fn the_adaptive_modules_validate_and_translate_for_every_backend() {
+fn the_adaptive_records_are_where_the_host_puts_them() {
     let _turn = serial();
     let params = check_module(&gradclip::shaders::ADAPTIVE, |_| {});
     let adagc_params = check_module(&gradclip::shaders::ADAPTIVE_ADAGC, |record| {
@@ -624,15 +626,15 @@ fn the_adaptive_modules_validate_and_translate_for_every_backend() {
         let tensors = stats.iter().find(|(n, _)| n == "tensors").unwrap().1;
         assert_eq!(tensors as u64, gradclip::records::STATS_TENSORS_OFFSET);
     });
-    // Both modules declare the same parameter record.
+    // Both modules declare the same parameter record. (tests/shaders.rs
+    // validates and translates every entry point for every backend.)
     assert_eq!(params, adagc_params);
-    translate(&gradclip::shaders::ADAPTIVE_AGC);
 }
 
 type Record = (u32, Vec<(String, u32)>);
 
-/// Validates `pass`, checks the adaptive records' layout (and what `more`
-/// checks), translates it for every backend; returns `AdaptiveParams`' layout.
+/// Checks the adaptive records' layout in `pass` (and what `more` checks);
+/// returns `AdaptiveParams`' layout.
 fn check_module(
     pass: &gradclip::shaders::PassModule,
     more: impl FnOnce(&dyn Fn(&str) -> Record),
@@ -662,92 +664,76 @@ fn check_module(
     let at = |name: &str| state.iter().find(|(n, _)| n == name).unwrap().1;
     assert_eq!((at("max_norm"), at("history")), (48, 64));
     more(&record);
-
-    translate(pass);
     params
 }
 
-/// Validates `pass` and translates its entry point for every backend.
-fn translate(pass: &gradclip::shaders::PassModule) {
-    use naga::back::{glsl, hlsl, msl, spv};
-    let module = naga::front::wgsl::parse_str(&pass.source()).expect("parse");
-    let info = naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::default(),
-    )
-    .validate(&module)
-    .expect("validate");
-    let entry = pass.entry_points[0];
-    let words = spv::write_vec(
-        &module,
-        &info,
-        &spv::Options::default(),
-        Some(&spv::PipelineOptions {
-            shader_stage: naga::ShaderStage::Compute,
-            entry_point: entry.to_string(),
-        }),
-    )
-    .expect("SPIR-V");
-    assert_eq!(words[0], 0x0723_0203);
-    let (metal, _) = msl::write_string(
-        &module,
-        &info,
-        &msl::Options::default(),
-        &msl::PipelineOptions {
-            entry_point: Some((naga::ShaderStage::Compute, entry.to_string())),
-            ..Default::default()
-        },
-    )
-    .expect("MSL");
-    assert!(metal.contains("kernel"));
-    let mut hlsl_out = String::new();
-    hlsl::Writer::new(
-        &mut hlsl_out,
-        &hlsl::Options::default(),
-        &hlsl::PipelineOptions {
-            entry_point: Some((naga::ShaderStage::Compute, entry.to_string())),
-        },
-    )
-    .write(&module, &info, None)
-    .expect("HLSL");
-    assert!(hlsl_out.contains("[numthreads(64, 1, 1)]"));
-    let mut glsl_out = String::new();
-    glsl::Writer::new(
-        &mut glsl_out,
-        &module,
-        &info,
-        &glsl::Options {
-            version: glsl::Version::Embedded {
-                version: 310,
-                is_webgl: false,
-            },
-            ..Default::default()
-        },
-        &glsl::PipelineOptions {
-            shader_stage: naga::ShaderStage::Compute,
-            entry_point: entry.to_string(),
-            multiview: None,
-        },
-        naga::proc::BoundsCheckPolicies::default(),
-    )
-    .and_then(|mut w| w.write())
-    .expect("GLSL");
-    assert!(glsl_out.contains("local_size_x = 64"));
-}
-
-/// Runs AGC on the GPU over `cases` packed in one buffer, compares every
-/// unit and every gradient with Optax's formula in float64 (general axes).
 /// One AGC tensor: shape, unit convention, gradients, parameters.
 type AgcTensor = (Vec<usize>, reference::Units, Vec<f32>, Vec<f32>);
 
-fn agc_against_optax(cases: &[AgcTensor]) -> usize {
+/// `x` as stored in `dtype` (exact for f32; 16-bit rounded to nearest even).
+fn stored(x: f32, dtype: GradType) -> f32 {
+    match dtype {
+        GradType::F32 => x,
+        GradType::F16 => half::f16::from_f32(x).to_f32(),
+        GradType::Bf16 => half::bf16::from_f32(x).to_f32(),
+    }
+}
+
+/// The 16-bit pattern of `x` in `dtype` (rounded to nearest even).
+fn bits16(x: f32, dtype: GradType) -> u16 {
+    match dtype {
+        GradType::F16 => half::f16::from_f32(x).to_bits(),
+        GradType::Bf16 => half::bf16::from_f32(x).to_bits(),
+        GradType::F32 => unreachable!("f32 has no 16-bit pattern"),
+    }
+}
+
+/// Marks the padding element after an odd-sized 16-bit tensor, which AGC must not change.
+const PAD_BITS: u16 = 0x7e5a;
+
+/// Packs `values` (one per tensor) in a buffer of `dtype` as `layout`'s
+/// packed ranges place them, padding set to [`PAD_BITS`]; little-endian bytes.
+fn packed_bytes(layout: &GradLayout, values: &[&[f32]], dtype: GradType) -> Vec<u8> {
+    if dtype == GradType::F32 {
+        return values
+            .iter()
+            .flat_map(|v| v.iter().flat_map(|x| x.to_le_bytes()))
+            .collect();
+    }
+    let words = layout.packed_elements(dtype).div_ceil(2) as usize;
+    let mut halves = vec![PAD_BITS; 2 * words];
+    for (i, v) in values.iter().enumerate() {
+        let start = layout.packed_range(i, dtype).start as usize;
+        for (k, &x) in v.iter().enumerate() {
+            halves[start + k] = bits16(x, dtype);
+        }
+    }
+    halves.iter().flat_map(|h| h.to_le_bytes()).collect()
+}
+
+/// Runs AGC on the GPU over `cases` packed in one buffer of `dtype` (their
+/// values first rounded to it), compares every unit with Optax's formula in
+/// float64 (general axes) and every gradient with the formula's result: f32
+/// within [`TOL`]; 16-bit exactly the stored f32 product with the GPU's factor
+/// rounded to nearest even, and within that rounding of the float64 result.
+/// Padding halves keep their bits. Returns how many units clipped.
+fn agc_against_optax(cases: &[AgcTensor], dtype: GradType) -> usize {
     let g = gpu();
-    let grads: Vec<f32> = cases.iter().flat_map(|c| c.2.clone()).collect();
-    let params: Vec<f32> = cases.iter().flat_map(|c| c.3.clone()).collect();
+    let cases: Vec<AgcTensor> = cases
+        .iter()
+        .map(|(shape, units, grad, param)| {
+            let q = |v: &Vec<f32>| v.iter().map(|&x| stored(x, dtype)).collect();
+            (shape.clone(), units.clone(), q(grad), q(param))
+        })
+        .collect();
     let sizes: Vec<usize> = cases.iter().map(|c| c.2.len()).collect();
     let layout = GradLayout::from_sizes(&sizes).unwrap();
-    let grad_buffer = upload(&g.device, &grads);
-    let param_buffer = upload(&g.device, &params);
+    let grads: Vec<&[f32]> = cases.iter().map(|c| c.2.as_slice()).collect();
+    let params: Vec<&[f32]> = cases.iter().map(|c| c.3.as_slice()).collect();
+    let grad_bytes = packed_bytes(&layout, &grads, dtype);
+    let grad_buffer = common::buffers::upload_bytes(&g.device, &grad_bytes);
+    let param_buffer =
+        common::buffers::upload_bytes(&g.device, &packed_bytes(&layout, &params, dtype));
     let shapes: Vec<(&[usize], gradclip::AgcUnits)> = cases
         .iter()
         .map(|c| {
@@ -759,12 +745,13 @@ fn agc_against_optax(cases: &[AgcTensor]) -> usize {
             (c.0.as_slice(), units)
         })
         .collect();
-    let agc = gradclip::AgcClip::new(
+    let agc = gradclip::AgcClip::new_as(
         &g.device,
         &g.queue,
         &grad_buffer,
         &param_buffer,
         &layout,
+        dtype,
         &shapes,
         gradclip::Agc::new(reference::AGC_CLIPPING as f32).eps(reference::AGC_EPS as f32),
     )
@@ -773,10 +760,31 @@ fn agc_against_optax(cases: &[AgcTensor]) -> usize {
     agc.clip(&mut encoder).unwrap();
     g.queue.submit([encoder.finish()]);
     let units = pollster::block_on(agc.read_units()).unwrap();
-    let after = download(&g.device, &g.queue, &grad_buffer, grads.len());
+    let after: Vec<u8> = download(&g.device, &g.queue, &grad_buffer, grad_bytes.len() / 4)
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
     assert_no_wgpu_errors();
-    let (mut u0, mut e0, mut clipped) = (0, 0, 0);
-    for (shape, convention, grad, param) in cases {
+    let element = |e: usize| -> f32 {
+        match dtype {
+            GradType::F32 => f32::from_le_bytes(after[4 * e..4 * e + 4].try_into().unwrap()),
+            _ => {
+                let h = u16::from_le_bytes([after[2 * e], after[2 * e + 1]]);
+                match dtype {
+                    GradType::F16 => half::f16::from_bits(h).to_f32(),
+                    _ => half::bf16::from_bits(h).to_f32(),
+                }
+            }
+        }
+    };
+    // Half an ulp of the 16-bit type, relative (f32: the usual tolerance).
+    let rounding = match dtype {
+        GradType::F32 => TOL,
+        GradType::F16 => 2f64.powi(-11) * (1.0 + 1e-6),
+        GradType::Bf16 => 2f64.powi(-8) * (1.0 + 1e-6),
+    };
+    let (mut u0, mut clipped) = (0, 0);
+    for (i, (shape, convention, grad, param)) in cases.iter().enumerate() {
         let axes = reference::unit_axes(shape, convention).unwrap();
         let want = reference::agc_optax(
             &reference::Tensor::new(shape, grad.clone()),
@@ -787,7 +795,7 @@ fn agc_against_optax(cases: &[AgcTensor]) -> usize {
         );
         for (k, w) in want.units.iter().enumerate() {
             let got = &units[u0 + k];
-            let ctx = format!("{shape:?} unit {k}: gpu {got:?}, want {w:?}");
+            let ctx = format!("{dtype:?} {shape:?} unit {k}: gpu {got:?}, want {w:?}");
             // Norms of all-zero units are exactly 0 on both sides.
             assert!(same(got.grad_norm as f64, w.grad_norm, 1e-5), "{ctx}");
             assert!(same(got.param_norm as f64, w.param_norm, 1e-5), "{ctx}");
@@ -798,17 +806,48 @@ fn agc_against_optax(cases: &[AgcTensor]) -> usize {
             assert!(same(got.factor as f64, w.factor, 1e-5), "{ctx}");
             clipped += w.clipped as usize;
         }
-        for (i, &want_g) in want.grad.iter().enumerate() {
-            let got = after[e0 + i] as f64;
-            let ok = if want_g.is_nan() {
-                got.is_nan()
-            } else {
-                (got - want_g).abs() <= TOL * want_g.abs() + 1e-30
+        let range = layout.packed_range(i, dtype);
+        let view = reference::UnitView::of(shape, &axes);
+        for (k, &want_g) in want.grad.iter().enumerate() {
+            let got = element(range.start as usize + k);
+            let ctx = format!("{dtype:?} {shape:?} element {k} = {got}, want {want_g}");
+            if want_g.is_nan() {
+                assert!(got.is_nan(), "{ctx}");
+                continue;
+            }
+            // The smallest subnormal of the type, for results that round to 0.
+            let tiny = match dtype {
+                GradType::F32 => 1e-30,
+                GradType::F16 => 2f64.powi(-25),
+                GradType::Bf16 => 2f64.powi(-134),
             };
-            assert!(ok, "{shape:?} element {i} = {got}, want {want_g}");
+            assert!(
+                (got as f64 - want_g).abs() <= rounding * want_g.abs() + tiny,
+                "{ctx}"
+            );
+            if dtype != GradType::F32 {
+                // Bit for bit what the shader's formula gives: the stored
+                // value times the unit's factor in f32, rounded once.
+                if let Some(view) = &view {
+                    let factor = units[u0 + view.unit_of(k)].factor;
+                    let exact = if factor == 1.0 {
+                        grad[k]
+                    } else {
+                        stored(grad[k] * factor, dtype)
+                    };
+                    assert_eq!(got.to_bits(), exact.to_bits(), "{ctx}");
+                }
+            }
+        }
+        if dtype != GradType::F32 && grad.len() % 2 == 1 {
+            let pad = range.end as usize;
+            assert_eq!(
+                u16::from_le_bytes([after[2 * pad], after[2 * pad + 1]]),
+                PAD_BITS,
+                "{dtype:?} {shape:?}: padding changed"
+            );
         }
         u0 += want.units.len();
-        e0 += grad.len();
     }
     assert_eq!(u0 as u32, agc.unit_count());
     clipped
@@ -823,9 +862,49 @@ fn agc_follows_optax_on_every_layout_with_zero_norm_units() {
             .into_iter()
             .map(|c| (c.grad.shape.clone(), c.units, c.grad.data, c.param.data))
             .collect();
-        clipped += agc_against_optax(&cases);
+        clipped += agc_against_optax(&cases, GradType::F32);
     }
     assert!(clipped > 50, "only {clipped} units clipped");
+}
+
+#[test]
+fn agc_on_f16_and_bf16_follows_optax_and_never_writes_padding() {
+    let _turn = serial();
+    for dtype in [GradType::F16, GradType::Bf16] {
+        let mut clipped = 0;
+        for seed in 0..4 {
+            let mut cases: Vec<_> = reference::agc_cases(seed)
+                .into_iter()
+                .map(|c| (c.grad.shape.clone(), c.units, c.grad.data, c.param.data))
+                .collect();
+            // Odd sizes (a padding half after each) and JAX IO units that
+            // share 32-bit words with their neighbours (Q = 3, odd).
+            let mut rng = Rng::new(seed + 100);
+            let mut normal = |n: usize, s: f64| -> Vec<f32> {
+                (0..n).map(|_| (s * rng.normal()) as f32).collect()
+            };
+            cases.push((
+                vec![5, 3],
+                reference::Units::Optax,
+                normal(15, 1.0),
+                normal(15, 0.5),
+            ));
+            cases.push((
+                vec![3],
+                reference::Units::Optax,
+                vec![1.0, 2.0, 2.0],
+                vec![0.0; 3],
+            ));
+            cases.push((
+                vec![7, 1],
+                reference::Units::Torch,
+                normal(7, 0.1),
+                normal(7, 1.0),
+            ));
+            clipped += agc_against_optax(&cases, dtype);
+        }
+        assert!(clipped > 20, "{dtype:?}: only {clipped} units clipped");
+    }
 }
 
 #[test]
@@ -848,7 +927,7 @@ fn agc_strides_over_more_units_than_one_dispatch_holds_and_keeps_nan_local() {
             vec![0.0; 3],
         ),
     ];
-    assert!(agc_against_optax(&cases) > 1000);
+    assert!(agc_against_optax(&cases, GradType::F32) > 1000);
 }
 
 /// 500 steps recorded and submitted back to back with no read in between

@@ -6,8 +6,8 @@
 
 use gradclip::records;
 use gradclip::shaders::{
-    PassModule, ADAPTIVE, ADAPTIVE_ADAGC, ADAPTIVE_AGC, KIND_OVERRIDE, MODULES,
-    WORKGROUP_SIZE_OVERRIDE,
+    PassModule, ADAPTIVE, ADAPTIVE_ADAGC, ADAPTIVE_AGC, AGC_DTYPE_OVERRIDE, AGC_WORKGROUP_SIZE,
+    KIND_OVERRIDE, MODULES, WORKGROUP_SIZE_OVERRIDE,
 };
 
 /// The adaptive methods' modules: no overrides, each with its own layout.
@@ -336,6 +336,31 @@ fn flag_constants_match_the_host() {
 }
 
 #[test]
+fn agc_element_types_and_workgroup_size_match_the_host() {
+    let (module, _) = parse(&ADAPTIVE_AGC);
+    assert_eq!(
+        u32_constant(&module, "AGC_DTYPE_F32"),
+        records::AGC_DTYPE_F32
+    );
+    assert_eq!(
+        u32_constant(&module, "AGC_DTYPE_F16"),
+        records::AGC_DTYPE_F16
+    );
+    assert_eq!(
+        u32_constant(&module, "AGC_DTYPE_BF16"),
+        records::AGC_DTYPE_BF16
+    );
+    assert!(module
+        .overrides
+        .iter()
+        .any(|(_, o)| o.name.as_deref() == Some(AGC_DTYPE_OVERRIDE)));
+    // agc_scale's dispatch divides the words by this size.
+    for ep in &module.entry_points {
+        assert_eq!(ep.workgroup_size, [AGC_WORKGROUP_SIZE, 1, 1], "{}", ep.name);
+    }
+}
+
+#[test]
 fn the_exported_clip_state_is_what_every_module_starts_with() {
     // Users paste gradclip::wgsl::CLIP_STATE into their own shaders; it
     // validates alone, declares clip_apply, and is the text of our modules'
@@ -403,13 +428,33 @@ fn adaptive_modules_validate_and_translate_for_every_backend() {
         found.sort();
         listed.sort();
         assert_eq!(found, listed, "{}: entry points", pass.name);
-        for &entry in pass.entry_points {
-            let what = format!("{} / {entry}", pass.name);
+        // AGC once per element type (its DTYPE override); the others have none.
+        let overrides: Vec<naga::back::PipelineConstants> = if pass.name == ADAPTIVE_AGC.name {
+            [
+                records::AGC_DTYPE_F32,
+                records::AGC_DTYPE_F16,
+                records::AGC_DTYPE_BF16,
+            ]
+            .map(|d| {
+                [(AGC_DTYPE_OVERRIDE.to_string(), d as f64)]
+                    .into_iter()
+                    .collect()
+            })
+            .to_vec()
+        } else {
+            vec![Default::default()]
+        };
+        for (&entry, constants) in pass
+            .entry_points
+            .iter()
+            .flat_map(|e| overrides.iter().map(move |c| (e, c)))
+        {
+            let what = format!("{} / {entry} / {constants:?}", pass.name);
             let (module, info) = naga::back::pipeline_constants::process_overrides(
                 &module,
                 &info,
                 Some((naga::ShaderStage::Compute, entry)),
-                &Default::default(),
+                constants,
             )
             .unwrap_or_else(|e| panic!("{what}: overrides: {e}"));
             let spv_pipeline = spv::PipelineOptions {

@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytemuck::{Pod, Zeroable};
 
+use crate::dtype::GradType;
 use crate::error::{Error, Result};
 use crate::gpu_errors::{check_alive, init_buffer, Catch};
 use crate::layout::GradLayout;
@@ -79,15 +80,21 @@ struct AgcParams {
     eps: f32,
     tensors: u32,
     units: u32,
+    words: u32,
+    _pad: [u32; 3],
 }
 
-/// AGC over f32 gradients and f32 parameters packed with the same
-/// [`GradLayout`], each tensor with its shape. One pass, one workgroup per
-/// unit (striding when there are more than 65535), recorded into the
-/// caller's encoder; stateless, nothing read back unless asked.
+/// AGC over gradients and parameters of one element type (f32 with
+/// [`new`](Self::new), f16 or bf16 with [`new_as`](Self::new_as)) packed
+/// with the same [`GradLayout`], each tensor with its shape. Two dispatches
+/// recorded into the caller's encoder: one workgroup per unit finds the
+/// units' norms and factors (striding when there are more than 65535), then
+/// one invocation per 32-bit word of gradients scales the clipped units' elements in
+/// place (16-bit results rounded to nearest even). Stateless; nothing read
+/// back unless asked.
 ///
-/// f16/bf16 buffers and buffers beyond one storage binding are not
-/// supported yet.
+/// Buffers beyond one storage binding are not supported
+/// ([`Error::Unsupported`]).
 ///
 /// ```
 /// # pollster::block_on(async {
@@ -118,10 +125,12 @@ pub struct AgcClip {
     grads: wgpu::Buffer,
     params: wgpu::Buffer,
     units: u32,
+    words: u32,
     unit_stats: wgpu::Buffer,
     staging: wgpu::Buffer,
     reading: AtomicBool,
-    pipeline: wgpu::ComputePipeline,
+    norms: wgpu::ComputePipeline,
+    scale: wgpu::ComputePipeline,
     bind_group: wgpu::BindGroup,
 }
 
@@ -178,6 +187,57 @@ impl AgcClip {
         shapes: &[(&[usize], AgcUnits)],
         agc: Agc,
     ) -> Result<Self> {
+        Self::new_as(
+            device,
+            queue,
+            grads,
+            params,
+            layout,
+            GradType::F32,
+            shapes,
+            agc,
+        )
+    }
+
+    /// [`new`](Self::new) for gradients and parameters of `dtype`, both
+    /// packed as [`Clipper::bind_as`](crate::Clipper::bind_as) packs them:
+    /// tensor `i` at [`GradLayout::packed_range`]`(i, dtype)` (16-bit tensors
+    /// start at even elements; the padding element after an odd-sized one is
+    /// never changed). Norms and factors are computed in f32 from the exactly
+    /// decoded elements; clipped elements are rounded back to nearest even.
+    ///
+    /// ```
+    /// # pollster::block_on(async {
+    /// # use wgpu::util::DeviceExt;
+    /// # let (device, queue, _) = gradclip::default_device().await?;
+    /// let bf16 = |x: &[f32]| -> Vec<u16> { x.iter().map(|v| (v.to_bits() >> 16) as u16).collect() };
+    /// let buffer = |data: &[u16]| device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+    ///     label: None, contents: bytemuck::cast_slice(data),
+    ///     usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC });
+    /// // One bias vector of 4 (one unit): ‖g‖ = 1 ≥ 0.1 · ‖w‖ = 0.2, scaled by 0.2.
+    /// let params = buffer(&bf16(&[1.0, 1.0, 1.0, 1.0]));
+    /// let grads = buffer(&bf16(&[0.5, 0.5, 0.5, -0.5]));
+    /// let layout = gradclip::GradLayout::from_sizes(&[4])?;
+    /// let agc = gradclip::AgcClip::new_as(&device, &queue, &grads, &params, &layout,
+    ///     gradclip::GradType::Bf16, &[(&[4], gradclip::AgcUnits::Optax)], gradclip::Agc::new(0.1))?;
+    /// let mut encoder = device.create_command_encoder(&Default::default());
+    /// agc.clip(&mut encoder)?;
+    /// queue.submit([encoder.finish()]);
+    /// let units = agc.read_units().await?;
+    /// assert_eq!((units[0].grad_norm, units[0].max_norm), (1.0, 0.2));
+    /// # Ok::<(), gradclip::Error>(()) }).unwrap();
+    /// ```
+    #[allow(clippy::too_many_arguments)]
+    pub fn new_as(
+        device: &wgpu::Device,
+        queue: &wgpu::Queue,
+        grads: &wgpu::Buffer,
+        params: &wgpu::Buffer,
+        layout: &GradLayout,
+        dtype: GradType,
+        shapes: &[(&[usize], AgcUnits)],
+        agc: Agc,
+    ) -> Result<Self> {
         if !(agc.clipping >= 0.0 && agc.clipping.is_finite()) {
             return Err(Error::InvalidAdaptive(
                 "AGC clipping must be non-negative and finite",
@@ -191,7 +251,9 @@ impl AgcClip {
         if shapes.len() != layout.len() {
             return Err(Error::InvalidAdaptive("AGC needs one shape per tensor"));
         }
-        let bytes = layout.total_elements() * 4;
+        let elements = layout.packed_elements(dtype);
+        // Whole words: a 16-bit buffer of an odd element count still ends on one.
+        let bytes = (elements * dtype.bytes()).next_multiple_of(4);
         let limit = device.limits().max_storage_buffer_binding_size;
         for buffer in [grads, params] {
             if bytes > buffer.size() {
@@ -201,7 +263,7 @@ impl AgcClip {
                 });
             }
         }
-        if bytes > limit || layout.total_elements() > u32::MAX as u64 {
+        if bytes > limit || elements > u32::MAX as u64 {
             return Err(Error::Unsupported(
                 "AGC over more than one storage binding of gradients",
             ));
@@ -209,7 +271,7 @@ impl AgcClip {
         let mut table = Vec::with_capacity(5 * shapes.len());
         let mut units = 0u64;
         for (i, &(shape, convention)) in shapes.iter().enumerate() {
-            let range = layout.range(i);
+            let range = layout.packed_range(i, dtype);
             let [p, r, q] = unit_view(shape, convention)?;
             if p * r * q != range.end - range.start {
                 return Err(Error::InvalidAdaptive(
@@ -230,6 +292,8 @@ impl AgcClip {
             eps: agc.eps,
             tensors: shapes.len() as u32,
             units,
+            words: (bytes / 4) as u32,
+            _pad: [0; 3],
         };
         let params_buffer = init_buffer(
             device,
@@ -286,14 +350,24 @@ impl AgcClip {
             label: Some(shaders::ADAPTIVE_AGC.name),
             source: wgpu::ShaderSource::Wgsl(shaders::ADAPTIVE_AGC.source().into()),
         });
-        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some("gradclip agc"),
-            layout: Some(&pipeline_layout),
-            module: &module,
-            entry_point: Some("agc"),
-            compilation_options: Default::default(),
-            cache: None,
-        });
+        let constants = [(
+            shaders::AGC_DTYPE_OVERRIDE,
+            crate::records::agc_dtype(dtype) as f64,
+        )];
+        let pipeline = |entry: &str| {
+            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(&format!("gradclip {entry}")),
+                layout: Some(&pipeline_layout),
+                module: &module,
+                entry_point: Some(entry),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &constants,
+                    ..Default::default()
+                },
+                cache: None,
+            })
+        };
+        let (norms, scale) = (pipeline("agc_norms"), pipeline("agc_scale"));
         let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some("gradclip agc bind group"),
             layout: &bind_group_layout,
@@ -327,10 +401,12 @@ impl AgcClip {
             grads: grads.clone(),
             params: params.clone(),
             units,
+            words: agc_params.words,
             unit_stats,
             staging,
             reading: AtomicBool::new(false),
-            pipeline,
+            norms,
+            scale,
             bind_group,
         })
     }
@@ -340,8 +416,8 @@ impl AgcClip {
         self.units
     }
 
-    /// Records the clip: one dispatch. Errors before anything is recorded: a
-    /// gradient or parameter buffer mapped or destroyed.
+    /// Records the clip: two dispatches in one compute pass. Errors before
+    /// anything is recorded: a gradient or parameter buffer mapped or destroyed.
     pub fn clip(&self, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
         check_recordable(&self.grads, "gradient buffer")?;
         check_recordable(&self.params, "parameter buffer")?;
@@ -352,9 +428,15 @@ impl AgcClip {
             label: Some("gradclip agc"),
             timestamp_writes: None,
         });
-        pass.set_pipeline(&self.pipeline);
         pass.set_bind_group(0, &self.bind_group, &[]);
+        pass.set_pipeline(&self.norms);
         pass.dispatch_workgroups(self.units.min(65535), 1, 1);
+        pass.set_pipeline(&self.scale);
+        pass.dispatch_workgroups(
+            self.words.div_ceil(shaders::AGC_WORKGROUP_SIZE).min(65535),
+            1,
+            1,
+        );
         Ok(())
     }
 
