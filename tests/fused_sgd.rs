@@ -214,3 +214,108 @@ fn fused_amp_step_equals_unscaling_clip_then_step() {
     assert_eq!(scales[1], want);
     assert_no_wgpu_errors();
 }
+
+/// ZClip and AutoClip with the coefficient applied in the optimizer:
+/// `AdaptiveClip::record_norm` + an SGD step that multiplies on load equals
+/// `AdaptiveClip::clip` + a plain step, bit for bit, over 30 steps with
+/// spikes (some steps clip, most do not) and a NaN step that both skip, with
+/// and without loss scaling; both report the same thresholds and
+/// coefficients, and the fused model's gradients are never written.
+#[test]
+fn fused_step_after_an_adaptive_threshold_equals_adaptive_clip_then_step() {
+    let g = gpu();
+    let sizes = [5_000, 17, 3_000];
+    let n: usize = sizes.iter().sum();
+    let params: Vec<f32> = (0..n).map(|i| (i % 11) as f32 * 0.1).collect();
+    let methods: [gradclip::AdaptiveMethod; 2] = [
+        gradclip::ZClip::new().warmup_steps(5).into(),
+        gradclip::AutoClip::new(50.0).into(),
+    ];
+    for (method, unscale) in methods.iter().flat_map(|&m| [(m, false), (m, true)]) {
+        let fused = model(
+            &params,
+            &gradients(n, 0),
+            &sizes,
+            APPLY_COEFFICIENT | SKIP_NONFINITE,
+        );
+        let plain = model(&params, &gradients(n, 0), &sizes, SKIP_NONFINITE);
+        let fused_clip = gradclip::AdaptiveClip::new(&fused.set, method).unwrap();
+        let plain_clip = gradclip::AdaptiveClip::new(&plain.set, method).unwrap();
+        let clip = ClipNorm::new(1.0).unscale(unscale);
+        // Loss scaling: gradients arrive multiplied by the scale (1024, then
+        // halved by the overflowed step), and the coefficient divides it out.
+        let scaler = gradclip::LossScaler::new().init_scale(1024.0);
+        if unscale {
+            fused.set.set_loss_scaler(&scaler).unwrap();
+            plain.set.set_loss_scaler(&scaler).unwrap();
+        }
+        let mut loss_scale = if unscale { 1024.0 } else { 1.0 };
+        let mut last = Vec::new();
+        for step in 0..30 {
+            let mut grads = gradients(n, step % 4);
+            if step % 7 == 6 {
+                grads.iter_mut().for_each(|x| *x *= 40.0);
+            }
+            grads.iter_mut().for_each(|x| *x *= loss_scale);
+            if step == 20 {
+                grads[4_000] = f32::NAN;
+                loss_scale /= 2.0;
+            }
+            g.queue
+                .write_buffer(&fused.grads, 0, bytemuck::cast_slice(&grads));
+            g.queue
+                .write_buffer(&plain.grads, 0, bytemuck::cast_slice(&grads));
+            let mut encoder = g.device.create_command_encoder(&Default::default());
+            fused_clip
+                .record_norm(&fused.set, &mut encoder, &clip)
+                .unwrap();
+            fused.sgd.encode(&mut encoder);
+            plain_clip.clip(&plain.set, &mut encoder, &clip).unwrap();
+            plain.sgd.encode(&mut encoder);
+            g.queue.submit([encoder.finish()]);
+            last = grads;
+        }
+        let what = format!("{method:?}, unscale {unscale}");
+        assert_identical(
+            &download(&g.device, &g.queue, &fused.params, n),
+            &download(&g.device, &g.queue, &plain.params, n),
+            &format!("{what}: fused vs adaptive clip-then-step after 30 steps"),
+        );
+        assert_identical(
+            &download(&g.device, &g.queue, &fused.grads, n),
+            &last,
+            &format!("{what}: the fused model's gradients are left alone"),
+        );
+        let [fused_log, plain_log] =
+            [&fused, &plain].map(|m| pollster::block_on(m.set.take_reports()).unwrap().reports);
+        assert_eq!(fused_log.len(), 30, "{what}: one report per step");
+        let pairs = |log: &[gradclip::ClipReport]| -> Vec<(u32, u32, u32)> {
+            log.iter()
+                .map(|r| {
+                    (
+                        r.total_norm.to_bits(),
+                        r.max_norm.to_bits(),
+                        r.coefficient.to_bits(),
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(pairs(&fused_log), pairs(&plain_log), "{what}: reports");
+        let clipped = fused_log
+            .iter()
+            .filter(|r| r.coefficient * r.unscaled_by < 0.9)
+            .count();
+        assert!(
+            (2..25).contains(&clipped),
+            "{what}: {clipped} of 30 steps clipped"
+        );
+        assert!(
+            fused_log[20].total_norm.is_nan() || fused_log[20].found_inf,
+            "{what}: the NaN step"
+        );
+        if unscale {
+            assert_eq!(fused_log[21].loss_scale, 512.0, "{what}: scale backed off");
+        }
+    }
+    assert_no_wgpu_errors();
+}

@@ -318,6 +318,62 @@ impl AdaptiveClip {
         encoder: &mut wgpu::CommandEncoder,
         clip: &ClipNorm,
     ) -> Result<()> {
+        self.record(set, encoder, clip, true)
+    }
+
+    /// [`clip`](Self::clip) for a fused optimizer (ZClip and AutoClip): the
+    /// same step (norm, adaptive pass, threshold, report, loss-scale update)
+    /// with the gradients left alone, as [`GradSet::record_norm`] does; the
+    /// coefficient the clip would have applied is in the set's
+    /// [`coefficient_binding`](GradSet::coefficient_binding) for the
+    /// optimizer to multiply by on load (with an unscaling `clip`, the
+    /// coefficient divided by the loss scale, and `found_inf` set on an
+    /// overflowed step). AdaGC's factors are per tensor, which one
+    /// coefficient cannot carry: [`Error::Unsupported`].
+    ///
+    /// ```
+    /// # pollster::block_on(async {
+    /// # use wgpu::util::DeviceExt;
+    /// # let (device, queue, _) = gradclip::default_device().await?;
+    /// # let clipper = gradclip::Clipper::new(&device, &queue)?;
+    /// # let grads = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+    /// #     label: None, contents: bytemuck::cast_slice(&[3.0f32, 4.0]),
+    /// #     usage: wgpu::BufferUsages::STORAGE });
+    /// let set = clipper.bind(&grads, &gradclip::GradLayout::from_sizes(&[2])?)?;
+    /// let autoclip = gradclip::AdaptiveClip::new(&set, gradclip::AutoClip::new(10.0))?;
+    /// let mut encoder = device.create_command_encoder(&Default::default());
+    /// autoclip.record_norm(&set, &mut encoder, &gradclip::ClipNorm::new(1.0))?;
+    /// // ... the optimizer's pass, binding set.coefficient_binding() ...
+    /// queue.submit([encoder.finish()]);
+    /// let report = set.read_report().await?;
+    /// // The first norm is its own 10th percentile: the threshold; PyTorch's
+    /// // coefficient max_norm / (norm + 1e-6) is a hair below 1.
+    /// assert_eq!((report.total_norm, report.max_norm), (5.0, 5.0));
+    /// assert!(report.coefficient < 1.0 && report.coefficient > 0.999_999);
+    /// // The gradients are as they were: the optimizer applies the coefficient.
+    /// # Ok::<(), gradclip::Error>(()) }).unwrap();
+    /// ```
+    pub fn record_norm(
+        &self,
+        set: &GradSet,
+        encoder: &mut wgpu::CommandEncoder,
+        clip: &ClipNorm,
+    ) -> Result<()> {
+        if let AdaptiveMethod::AdaGc(_) = self.method {
+            return Err(Error::Unsupported(
+                "AdaGC with a fused optimizer: its factors are per tensor",
+            ));
+        }
+        self.record(set, encoder, clip, false)
+    }
+
+    fn record(
+        &self,
+        set: &GradSet,
+        encoder: &mut wgpu::CommandEncoder,
+        clip: &ClipNorm,
+        scale: bool,
+    ) -> Result<()> {
         if set.stats_buffer() != &self.stats {
             return Err(Error::Unsupported(
                 "an adaptive clip records only on the set it was made for",
@@ -350,7 +406,13 @@ impl AdaptiveClip {
         }
         let step = set.record_norm_for_adaptive(encoder, clip)?;
         self.encode_pass(encoder);
-        set.clip_own_partial_with_max_norm_from(encoder, clip, (&self.state, MAX_NORM_OFFSET), step)
+        set.clip_own_partial_with_max_norm_from(
+            encoder,
+            clip,
+            (&self.state, MAX_NORM_OFFSET),
+            step,
+            scale,
+        )
     }
 
     fn encode_pass(&self, encoder: &mut wgpu::CommandEncoder) {

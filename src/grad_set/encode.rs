@@ -339,14 +339,21 @@ impl GradSet {
     /// `max_norm` replaced by the 4 bytes at `max_norm_from`, written on
     /// the GPU by the adaptive pass. Both copies are recorded after the
     /// config upload, so they override it.
+    ///
+    /// With `scale` false the gradients are left alone: the coefficient and
+    /// the report only, for an optimizer that applies the coefficient on load.
     pub(crate) fn clip_own_partial_with_max_norm_from(
         &self,
         encoder: &mut wgpu::CommandEncoder,
         clip: &ClipNorm,
         (source, offset): (&wgpu::Buffer, u64),
         step: u64,
+        scale: bool,
     ) -> Result<()> {
-        let (reduction, config) = supplied_config(clip)?;
+        let (reduction, mut config) = supplied_config(clip)?;
+        if !scale {
+            config.flags |= CFG_NO_SCALE;
+        }
         check_recordable(source, "adaptive state buffer")?;
         self.begin_at(encoder, config, step)?;
         encoder.copy_buffer_to_buffer(
@@ -358,7 +365,9 @@ impl GradSet {
         );
         encoder.copy_buffer_to_buffer(source, offset, &self.config, CONFIG_MAX_NORM_OFFSET, 4);
         self.encode_finish(encoder, reduction);
-        self.encode_scale(encoder, None);
+        if scale {
+            self.encode_scale(encoder, None);
+        }
         Ok(())
     }
 
