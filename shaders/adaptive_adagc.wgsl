@@ -9,6 +9,12 @@
 // indirect dispatch, which the set's scale pass then reads as it reads what
 // finalize leaves for a per-tensor clip. A step with a NaN or infinite
 // element leaves every γ as it was.
+//
+// With an unscaling clip (loss scaling) the record_norm's finalize has
+// already divided the norms by the loss scale S, decided found_inf and
+// updated S; this pass then multiplies each factor by 1/S, so that the scale
+// pass unscales and clips in one multiply, and an overflowed step (found_inf)
+// leaves the gradients and every γ untouched, as GradScaler skips the step.
 
 const D_CLIPPED: u32 = 1u;
 const D_SKIPPED: u32 = 4u;
@@ -116,7 +122,10 @@ fn factor(n: f32, threshold: f32) -> f32 {
 @compute @workgroup_size(64)
 fn adagc_step(@builtin(local_invocation_index) lid: u32) {
     let total = stats.state.total_norm;
-    let all_finite = stats.state.nonfinite == 0u;
+    let found_inf = stats.state.found_inf != 0u;
+    let all_finite = stats.state.nonfinite == 0u && !found_inf;
+    // S when unscaling, else 1: the factors divide it out exactly.
+    let unscale = frexp(stats.state.unscaled_by);
     let warm = st.steps < prm.warmup;
     let beta = prm.alpha;
     var global = 1.0;
@@ -150,18 +159,29 @@ fn adagc_step(@builtin(local_invocation_index) lid: u32) {
         }
         st.history[4u * i + 1u] = n;
         st.history[4u * i + 2u] = threshold;
+        if found_inf {
+            f = 1.0;
+        }
         st.history[4u * i + 3u] = f;
-        // The exact form the scale pass multiplies by: m · 2^e, m in [1, 2).
+        // The exact form the scale pass multiplies by, f / S = m · 2^e with m
+        // in [1, 2): one rounding, in the mantissas' quotient (none when S is
+        // a power of two, as GradScaler keeps it).
         var m = f;
         var e = 0;
-        if f != 0.0 && finite(f) {
+        if found_inf {
+            m = 1.0;
+        } else if f != 0.0 && finite(f) {
             let parts = frexp(f);
-            m = parts.fract * 2.0;
-            e = parts.exp - 1;
+            m = parts.fract / unscale.fract;
+            e = parts.exp - unscale.exp;
+            if m < 1.0 {
+                m *= 2.0;
+                e -= 1;
+            }
         }
         stats.tensors[i].coef_mant = m;
         stats.tensors[i].coef_exp = e;
-        if bitcast<u32>(f) != 0x3f800000u {
+        if !found_inf && (bitcast<u32>(m) != 0x3f800000u || e != 0) {
             scaled = true;
         }
     }

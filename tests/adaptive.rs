@@ -604,12 +604,15 @@ fn invalid_parameters_and_unsupported_clips_are_errors() {
         ));
     }
     let adagc = AdaptiveClip::new(&set, gradclip::AdaGc::new()).unwrap();
-    for clip in [ClipNorm::tensorflow(1.0), ClipNorm::new(1.0).unscale(true)] {
-        assert!(matches!(
-            adagc.clip(&set, &mut encoder, &clip),
-            Err(gradclip::Error::Unsupported(_))
-        ));
-    }
+    assert!(matches!(
+        adagc.clip(&set, &mut encoder, &ClipNorm::tensorflow(1.0)),
+        Err(gradclip::Error::Unsupported(_))
+    ));
+    // Its factors are per tensor: no single coefficient for an optimizer.
+    assert!(matches!(
+        adagc.record_norm(&set, &mut encoder, &ClipNorm::new(1.0)),
+        Err(gradclip::Error::Unsupported(_))
+    ));
     // Nothing was recorded on either set.
     assert_eq!((set.steps_recorded(), other.steps_recorded()), (0, 0));
     drop(encoder);
@@ -979,7 +982,7 @@ fn zclip_runs_500_steps_without_the_host() {
     assert_no_wgpu_errors();
 }
 
-/// ZClip and AutoClip with loss scaling: a set clipping gradients scaled by
+/// ZClip, AutoClip and AdaGC with loss scaling: a set clipping gradients scaled by
 /// the loss scale, with `unscale`, makes the same decisions and leaves the
 /// same gradients as a set clipping the unscaled ones; the loss scale is
 /// updated once per step (it doubles after `growth_interval` steps, not
@@ -989,11 +992,13 @@ fn zclip_runs_500_steps_without_the_host() {
 fn adaptive_clips_unscale_once_per_step() {
     let _turn = serial();
     let g = gpu();
-    let methods: [AdaptiveMethod; 2] = [
+    let methods: [AdaptiveMethod; 3] = [
         gradclip::ZClip::new().warmup_steps(5).into(),
         gradclip::AutoClip::new(50.0).into(),
+        gradclip::AdaGc::new().warmup_steps(5).into(),
     ];
     for method in methods {
+        let adagc = matches!(method, AdaptiveMethod::AdaGc(_));
         let plain = Run::new(method, Semantics::Torch);
         let scaled = Run::new(method, Semantics::Torch);
         scaled
@@ -1010,6 +1015,7 @@ fn adaptive_clips_unscale_once_per_step() {
         let len: usize = SIZES.iter().sum();
         let mut scale = 1024.0f32;
         let mut scales = Vec::new();
+        let mut clipped_tensors = 0;
         for (t, &target) in targets.iter().take(40).enumerate() {
             let data = reference::gradients_with_norm(&mut rng, len, target);
             let mut up: Vec<f32> = data.iter().map(|x| x * scale).collect();
@@ -1029,9 +1035,18 @@ fn adaptive_clips_unscale_once_per_step() {
                 let kept = pollster::block_on(scaled.adaptive.save_state()).unwrap();
                 // The statistics (the first 32 bytes) and the history (from
                 // byte 64) stay; the latest decision's words say it skipped.
+                // AdaGC's history also holds each tensor's latest decision
+                // (norm, threshold, factor after γ): only the γs must stay.
+                let history = |b: &[u8]| -> Vec<u8> {
+                    if adagc {
+                        b[64..].chunks(16).flat_map(|t| t[..4].to_vec()).collect()
+                    } else {
+                        b[64..].to_vec()
+                    }
+                };
                 assert_eq!(
-                    (&state[..32], &state[64..]),
-                    (&kept[..32], &kept[64..]),
+                    (&state[..32], history(&state)),
+                    (&kept[..32], history(&kept)),
                     "{method:?}: an overflowed step moved the state"
                 );
                 let decision = pollster::block_on(scaled.adaptive.read_decision()).unwrap();
@@ -1061,6 +1076,27 @@ fn adaptive_clips_unscale_once_per_step() {
                 pollster::block_on(scaled.adaptive.read_decision()).unwrap(),
             );
             assert_eq!(da.clipped, db.clipped, "{ctx}");
+            if adagc {
+                let (ta, tb) = (
+                    pollster::block_on(plain.adaptive.read_tensor_decisions()).unwrap(),
+                    pollster::block_on(scaled.adaptive.read_tensor_decisions()).unwrap(),
+                );
+                for (x, y) in ta.iter().zip(&tb) {
+                    assert!(
+                        same(y.norm as f64, x.norm as f64, 1e-6),
+                        "{ctx}: {x:?} vs {y:?}"
+                    );
+                    assert!(
+                        same(y.threshold as f64, x.threshold as f64, 1e-6),
+                        "{ctx}: {x:?} vs {y:?}"
+                    );
+                    assert!(
+                        same(y.coefficient as f64, x.coefficient as f64, 1e-6),
+                        "{ctx}: {x:?} vs {y:?}"
+                    );
+                }
+                clipped_tensors += ta.iter().filter(|x| x.coefficient < 1.0).count();
+            }
             let after_a = download(&g.device, &g.queue, &plain.buffer, len);
             let after_b = download(&g.device, &g.queue, &scaled.buffer, len);
             for (x, y) in after_a.iter().zip(&after_b) {
@@ -1087,6 +1123,12 @@ fn adaptive_clips_unscale_once_per_step() {
             want.push(s);
         }
         assert_eq!(scales, want, "{method:?}");
+        if adagc {
+            assert!(
+                clipped_tensors > 3,
+                "AdaGC clipped only {clipped_tensors} tensors"
+            );
+        }
     }
     assert_no_wgpu_errors();
 }

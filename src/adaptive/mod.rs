@@ -295,10 +295,12 @@ impl AdaptiveClip {
     /// applied. The rest of the decision is read with
     /// [`read_decision`](Self::read_decision).
     ///
-    /// An unscaling `clip` ([`ClipNorm::unscale`](crate::ClipNorm::unscale),
-    /// ZClip and AutoClip) feeds the method the unscaled norm, and updates
-    /// the loss scale once per step, in the second half; a step whose
-    /// gradients overflowed (`found_inf`) leaves them and the method's state
+    /// An unscaling `clip` ([`ClipNorm::unscale`](crate::ClipNorm::unscale))
+    /// feeds the method the unscaled norms and updates the loss scale once
+    /// per step (ZClip and AutoClip in the second half, AdaGC in its
+    /// `record_norm`); AdaGC's factors then divide by the loss scale, so one
+    /// multiply unscales and clips each tensor. A step whose gradients
+    /// overflowed (`found_inf`) leaves them and the method's state
     /// untouched, as a non-finite norm does.
     ///
     /// AdaGC instead records the set's `record_norm` with per-tensor norms,
@@ -310,7 +312,7 @@ impl AdaptiveClip {
     ///
     /// Rejected ([`Error::Unsupported`]): per-tensor clipping or norms in
     /// `clip` (ZClip and AutoClip clip the total norm; AdaGC asks for the
-    /// norms itself), for AdaGC unscaling clips, a `clip` of other
+    /// norms itself), for AdaGC a `clip` of other
     /// semantics than the method's or a set rebound since this was made.
     pub fn clip(
         &self,
@@ -385,10 +387,6 @@ impl AdaptiveClip {
             ));
         }
         if let AdaptiveMethod::AdaGc(a) = self.method {
-            if clip.unscales() {
-                // Its pass writes the tensors' factors without the loss scale.
-                return Err(Error::Unsupported("unscaling with AdaGC"));
-            }
             if clip.semantics() != a.semantics {
                 return Err(Error::Unsupported(
                     "a clip whose semantics differ from the AdaGC's",
