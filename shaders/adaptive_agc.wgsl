@@ -174,9 +174,9 @@ fn agc_norms(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
 }
 
 // agc_scale — reads: the unit table, every unit's factor (agc_norms), the
-// gradient words of the tensors. Writes: each word holding a clipped unit's
-// element, its elements multiplied by their unit's factor and rounded to the
-// element type; padding halves and kept units' words are left as they are.
+// gradient words holding a clipped unit's element. Writes: those words, their
+// clipped elements multiplied by their unit's factor and rounded to the
+// element type; padding halves and kept units' elements are left as they are.
 // Dispatch: (min(ceil(words / 64), 65535), 1, 1); invocations stride over the words.
 @compute @workgroup_size(64)
 fn agc_scale(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -185,8 +185,10 @@ fn agc_scale(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
         // Tensors start on word boundaries, so one word is in one tensor (or
         // in none: the padding after an odd 16-bit tensor).
         let t = tensor_at(last_at_or_below(1u, w * per_word));
-        let word = grads[w];
-        var out = word;
+        // The factors of the word's elements first: a word of kept units is
+        // not even read.
+        var factors = vec2(1.0, 1.0);
+        var scaled = false;
         for (var k = 0u; k < per_word; k++) {
             let e = w * per_word + k;
             let local = e - t.offset;
@@ -194,20 +196,27 @@ fn agc_scale(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
                 continue;
             }
             let unit = t.unit_begin + (local / (t.r * t.q)) * t.q + local % t.q;
-            let factor = unit_stats[unit].factor;
-            if bitcast<u32>(factor) == ONE_BITS {
+            factors[k] = unit_stats[unit].factor;
+            scaled = scaled || bitcast<u32>(factors[k]) != ONE_BITS;
+        }
+        if !scaled {
+            continue;
+        }
+        let word = grads[w];
+        var out = word;
+        for (var k = 0u; k < per_word; k++) {
+            if bitcast<u32>(factors[k]) == ONE_BITS {
                 continue;
             }
-            let scaled = encode(decode(word, e) * factor);
+            let e = w * per_word + k;
+            let scaled_bits = encode(decode(word, e) * factors[k]);
             if DTYPE == AGC_DTYPE_F32 {
-                out = scaled;
+                out = scaled_bits;
             } else {
-                let shift = 16u * (e & 1u);
-                out = (out & ~(0xffffu << shift)) | (scaled << shift);
+                let shift = 16u * k;
+                out = (out & ~(0xffffu << shift)) | (scaled_bits << shift);
             }
         }
-        if out != word {
-            grads[w] = out;
-        }
+        grads[w] = out;
     }
 }
