@@ -17,6 +17,7 @@ const P_PERCENTILE_MODE: u32 = 2u;  // ZClip: mode = "percentile" (clip to mean 
 const P_CLIP_TO_MEAN: u32 = 4u;     // ZClip: clip_option = "mean"
 const P_SKIP_ON_SPIKE: u32 = 8u;    // ZClip: skip_update_on_spike
 const P_INCLUDE_CURRENT: u32 = 16u; // AutoClip: the step's norm joins the history first
+const P_HISTOGRAM: u32 = 64u;       // AutoClip: all of history as bucket counts (32 is AdaGC's)
 
 // AdaptiveState.decision bits
 const D_CLIPPED: u32 = 1u;
@@ -43,7 +44,7 @@ struct AdaptiveParams {
     tensors: u32,
     ratio: f32,
     scale_workgroups: u32,
-    _pad: u32,
+    bucket_shift: u32, // AutoClip with P_HISTOGRAM: mantissa bits a bucket drops
     _pad2: vec2<u32>,
 }
 
@@ -53,7 +54,7 @@ struct AdaptiveState {
     method: u32,    // METHOD_*, checked by the host on restore
     capacity: u32,  // checked on restore
     steps: u32,     // finite steps folded in (low 32 bits)
-    count: u32,     // ZClip: warm-up norms collected; AutoClip: norms in the window
+    count: u32,     // ZClip: warm-up norms collected; AutoClip: norms in the window (or counted)
     head: u32,      // AutoClip: the ring slot the next norm goes to
     ema_ready: u32, // ZClip: the warm-up is over
     mean: f32,
@@ -66,7 +67,9 @@ struct AdaptiveState {
     max_norm: f32,   // threshold as the clip's max_norm (F32_MAX for +inf)
     recorded: u32,   // adaptive steps run, skipped ones included (low 32 bits)
     _pad: vec2<u32>,
-    history: array<f32>,
+    // f32 norms as bits (ZClip's warm-up, AutoClip's window ring), or
+    // AutoClip's bucket counts with P_HISTOGRAM.
+    history: array<u32>,
 }
 
 @group(0) @binding(0) var<storage, read> clip: ClipState;
@@ -118,18 +121,18 @@ fn zclip_step(g: f32) {
     }
     st.steps += 1u;
     if st.ema_ready == 0u {
-        st.history[st.count] = g;
+        st.history[st.count] = bitcast<u32>(g);
         st.count += 1u;
         if st.count >= prm.warmup {
             let n = f32(st.count);
             var sum = 0.0;
             for (var i = 0u; i < st.count; i++) {
-                sum += st.history[i];
+                sum += bitcast<f32>(st.history[i]);
             }
             let mean = sum / n;
             var sq = 0.0;
             for (var i = 0u; i < st.count; i++) {
-                let d = st.history[i] - mean;
+                let d = bitcast<f32>(st.history[i]) - mean;
                 sq += d * d;
             }
             st.mean = mean;
@@ -180,8 +183,18 @@ const AUTO_WG: u32 = 64u;
 var<workgroup> sel: array<f32, 2>;
 var<workgroup> window_len: u32;
 
+fn histogram() -> bool {
+    return (prm.flags & P_HISTOGRAM) != 0u;
+}
+
 fn push_norm(g: f32) {
-    st.history[st.head] = g;
+    if histogram() {
+        // g is finite and not negative (a -0 counts as 0): its bits order as it does.
+        st.history[(bitcast<u32>(g) & 0x7fffffffu) >> prm.bucket_shift] += 1u;
+        st.count += 1u;
+        return;
+    }
+    st.history[st.head] = bitcast<u32>(g);
     st.head = (st.head + 1u) % prm.capacity;
     st.count = min(st.count + 1u, prm.capacity);
 }
@@ -189,16 +202,33 @@ fn push_norm(g: f32) {
 // numpy's default percentile (linear interpolation between the order
 // statistics ⌊h⌋ and ⌊h⌋ + 1, h = (n - 1) · p / 100) of the window, by exact
 // selection: each invocation ranks its norms against all others (ties broken
-// by slot, so every rank is held by exactly one norm).
+// by slot, so every rank is held by exactly one norm). With P_HISTOGRAM, of
+// all norms so far, each floored to its bucket's lower edge (the f32 bits
+// with bucket_shift low bits cleared): below the exact percentile by less
+// than a relative 2^-(23 - bucket_shift).
 fn autoclip_percentile(lid: u32, n: u32) -> f32 {
     let h = f32(n - 1u) * (prm.percentile / 100.0);
     let lo = min(u32(floor(h)), n - 1u);
     let frac = h - floor(h);
+    if histogram() {
+        select_buckets(lid, lo);
+    } else {
+        select_exact(lid, n, lo);
+    }
+    workgroupBarrier();
+    if lo + 1u >= n || frac == 0.0 {
+        return sel[0];
+    }
+    return sel[0] + frac * (sel[1] - sel[0]);
+}
+
+// sel[0], sel[1] = the window's order statistics lo and lo + 1.
+fn select_exact(lid: u32, n: u32, lo: u32) {
     for (var i = lid; i < n; i += AUTO_WG) {
-        let x = st.history[i];
+        let x = bitcast<f32>(st.history[i]);
         var rank = 0u;
         for (var j = 0u; j < n; j++) {
-            let y = st.history[j];
+            let y = bitcast<f32>(st.history[j]);
             if y < x || (y == x && j < i) {
                 rank += 1u;
             }
@@ -210,11 +240,42 @@ fn autoclip_percentile(lid: u32, n: u32) -> f32 {
             sel[1] = x;
         }
     }
-    workgroupBarrier();
-    if lo + 1u >= n || frac == 0.0 {
-        return sel[0];
+}
+
+var<workgroup> block_count: array<u32, AUTO_WG>;
+
+// sel[0], sel[1] = the lower edges of the buckets holding the order
+// statistics lo and lo + 1 of all norms counted: each invocation counts a
+// contiguous block of buckets, finds how many norms lie below its block, and
+// the block(s) holding either rank walk their buckets.
+fn select_buckets(lid: u32, lo: u32) {
+    let per = (prm.capacity + AUTO_WG - 1u) / AUTO_WG;
+    let b0 = min(lid * per, prm.capacity);
+    let b1 = min(b0 + per, prm.capacity);
+    var mine = 0u;
+    for (var b = b0; b < b1; b++) {
+        mine += st.history[b];
     }
-    return sel[0] + frac * (sel[1] - sel[0]);
+    block_count[lid] = mine;
+    workgroupBarrier();
+    var c = 0u;
+    for (var i = 0u; i < lid; i++) {
+        c += block_count[i];
+    }
+    if lo + 1u < c || lo >= c + mine {
+        return;
+    }
+    for (var b = b0; b < b1; b++) {
+        let k = st.history[b];
+        let edge = bitcast<f32>(b << prm.bucket_shift);
+        if lo >= c && lo < c + k {
+            sel[0] = edge;
+        }
+        if lo + 1u >= c && lo + 1u < c + k {
+            sel[1] = edge;
+        }
+        c += k;
+    }
 }
 
 // AutoClip (Seetharaman et al. 2020): the threshold is the p-th percentile

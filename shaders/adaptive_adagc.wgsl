@@ -39,7 +39,7 @@ struct AdaptiveParams {
     tensors: u32,         // tensors of the set
     ratio: f32,           // lambda_rel: tensor i is clipped to ratio · γ_i
     scale_workgroups: u32, // the set's per-tensor grid-stride workgroups
-    _pad: u32,
+    bucket_shift: u32,     // AutoClip's (unused here)
     _pad2: vec2<u32>,
 }
 

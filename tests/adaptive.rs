@@ -318,6 +318,83 @@ fn autoclip_interpolates_between_order_statistics() {
     run_against(method, Semantics::Torch, autoclip_reference(cfg));
 }
 
+/// AutoClip over all of history in a histogram, over the 500-step sequence
+/// (spikes, drift, a NaN step): every threshold equals numpy's percentile of
+/// the GPU's own norms floored to their buckets (within 1e-5), lies at or
+/// below the exact percentile by less than the documented 2^-m, and the
+/// coefficient and gradients follow it; the state saves and restores, and
+/// bucket counts that do not add up are rejected.
+#[test]
+fn autoclip_over_all_of_history_in_buckets_stays_within_its_bound() {
+    let _turn = serial();
+    for (m, p) in [(7u32, 10.0f64), (3, 50.0)] {
+        let method: AdaptiveMethod = gradclip::AutoClip::new(p as f32).all_history(m).into();
+        let run = Run::new(method, Semantics::Torch);
+        let targets = reference::synthetic_norms(reference::SYNTH_SEED);
+        let mut rng = Rng::new(0x0b0c_4e75);
+        let len: usize = SIZES.iter().sum();
+        // The norms as the GPU saw them (the buckets floor those f32s).
+        let mut history: Vec<f64> = Vec::new();
+        let (mut floored, mut skipped) = (0, 0);
+        for (t, &target) in targets.iter().enumerate() {
+            let data = reference::gradients_with_norm(&mut rng, len, target);
+            let (got, after) = run.step(&data);
+            let d = got.decision;
+            let ctx = format!("m {m}, p {p}, step {t}: {got:?}");
+            assert!(same(d.norm as f64, norm64(&data), 1e-6), "{ctx}");
+            if d.norm.is_finite() {
+                history.push(d.norm as f64);
+            } else {
+                assert!(d.skipped, "{ctx}");
+                skipped += 1;
+            }
+            let want = reference::percentile_bucketed(&history, p, m);
+            let exact = reference::percentile_linear(&history, p);
+            assert!(same(d.threshold as f64, want, TOL), "want {want}, {ctx}");
+            let t64 = d.threshold as f64;
+            assert!(
+                t64 <= exact * (1.0 + 1e-6) && t64 > exact * (1.0 - 2f64.powi(-(m as i32))),
+                "threshold {t64} outside the bound below the exact {exact}, {ctx}"
+            );
+            floored += (t64 < exact * (1.0 - 1e-6)) as usize;
+            let coefficient = reference::clip_coefficient(d.norm as f64, t64, Semantics::Torch);
+            assert!(same(got.coefficient as f64, coefficient, TOL), "{ctx}");
+            for (x, y) in data.iter().zip(&after) {
+                let expect = *x as f64 * coefficient;
+                let ok = if expect.is_nan() {
+                    y.is_nan()
+                } else {
+                    (*y as f64 - expect).abs() <= TOL * expect.abs() + 1e-30
+                };
+                assert!(ok, "{ctx}: {x} -> {y}, want {expect}");
+            }
+        }
+        assert_eq!(skipped, 1, "the NaN step");
+        assert!(
+            floored > 100,
+            "m {m}: only {floored} thresholds below the exact percentile"
+        );
+
+        // Save, restore into a fresh set, carry on identically.
+        let state = pollster::block_on(run.adaptive.save_state()).unwrap();
+        let other = Run::new(method, Semantics::Torch);
+        other.adaptive.restore_state(&state).unwrap();
+        for _ in 0..3 {
+            let data = reference::gradients_with_norm(&mut rng, len, 1.5);
+            let (a, _) = run.step(&data);
+            let (b, _) = other.step(&data);
+            assert_eq!(a.bits(), b.bits(), "m {m}: restored state");
+        }
+        let mut corrupt = pollster::block_on(run.adaptive.save_state()).unwrap();
+        corrupt[64] = corrupt[64].wrapping_add(1);
+        assert!(matches!(
+            other.adaptive.restore_state(&corrupt),
+            Err(gradclip::Error::InvalidAdaptiveState(_))
+        ));
+    }
+    assert_no_wgpu_errors();
+}
+
 /// Tensor sizes of the AdaGC set (one per column of `synthetic_tensor_norms`).
 const ADAGC_SIZES: [usize; 4] = [400, 130, 64, 300];
 

@@ -143,12 +143,15 @@ impl ZClip {
 /// for Source Separation Networks"): the threshold is the `percentile`-th
 /// percentile (numpy's default linear interpolation) of the total norms seen,
 /// here the last `window` finite ones, kept in a ring on the GPU and selected
-/// exactly on the GPU. The paper keeps all of history: a window at least as
-/// long as the training run is that.
+/// exactly on the GPU. The paper keeps all of history:
+/// [`all_history`](Self::all_history) counts every norm in a histogram on the
+/// GPU (fixed size, any run length) at a bounded error.
 ///
 /// ```
 /// let a = gradclip::AutoClip::new(10.0).window(1000);
 /// assert_eq!((a.percentile, a.window, a.include_current), (10.0, 1000, true));
+/// let paper = gradclip::AutoClip::new(10.0).all_history(7);
+/// assert_eq!(paper.bucket_bits, Some(7));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AutoClip {
@@ -161,6 +164,13 @@ pub struct AutoClip {
     /// (the paper's code, the default); `false`: `QuantileClip` of the
     /// `autoclip` package, which takes it after (its first step never clips).
     pub include_current: bool,
+    /// `Some(m)`: all of history instead of a window, each norm counted in
+    /// the bucket of f32s that share its sign, exponent and first `m`
+    /// mantissa bits (`255 · 2^m` buckets of 4 B; `m` in 0..=10), and the
+    /// percentile taken over the buckets' lower edges: never above the
+    /// exact percentile, and below it by less than a relative `2^-m` (m = 7:
+    /// 0.8%, 128 KiB of state). `window` is then unused.
+    pub bucket_bits: Option<u32>,
 }
 
 impl AutoClip {
@@ -169,7 +179,13 @@ impl AutoClip {
             percentile,
             window: 1000,
             include_current: true,
+            bucket_bits: None,
         }
+    }
+    /// All of history, in buckets of `mantissa_bits` mantissa bits (see [`bucket_bits`](Self::bucket_bits)).
+    pub fn all_history(mut self, mantissa_bits: u32) -> Self {
+        self.bucket_bits = Some(mantissa_bits);
+        self
     }
     pub fn window(mut self, window: u32) -> Self {
         self.window = window;
@@ -185,6 +201,19 @@ impl AutoClip {
             return Err(Error::InvalidAdaptive(
                 "AutoClip percentile must be in [0, 100]",
             ));
+        }
+        if let Some(m) = self.bucket_bits {
+            if m > MAX_BUCKET_BITS {
+                return Err(Error::InvalidAdaptive(
+                    "AutoClip's histogram takes at most 10 mantissa bits",
+                ));
+            }
+            if STATE_HEAD_SIZE + 4 * autoclip_buckets(m) as u64 > max_binding {
+                return Err(Error::InvalidAdaptive(
+                    "AutoClip's histogram larger than the device's storage binding limit",
+                ));
+            }
+            return Ok(());
         }
         if self.window == 0 {
             return Err(Error::InvalidAdaptive(
@@ -318,6 +347,16 @@ const P_CLIP_TO_MEAN: u32 = 4;
 const P_SKIP_ON_SPIKE: u32 = 8;
 const P_INCLUDE_CURRENT: u32 = 16;
 const P_TENSORFLOW: u32 = 32;
+pub(crate) const P_HISTOGRAM: u32 = 64;
+
+/// Most mantissa bits of AutoClip's histogram (1 MiB of buckets).
+const MAX_BUCKET_BITS: u32 = 10;
+
+/// Buckets of AutoClip's histogram of `m` mantissa bits: one per (exponent,
+/// top `m` mantissa bits) of the finite non-negative f32s.
+pub(crate) fn autoclip_buckets(m: u32) -> u32 {
+    0x7f80_0000 >> (23 - m)
+}
 
 /// Bytes of WGSL `AdaptiveState` before its history.
 pub(crate) const STATE_HEAD_SIZE: u64 = 64;
@@ -339,7 +378,8 @@ pub(crate) struct AdaptiveParams {
     pub tensors: u32,
     pub ratio: f32,
     pub scale_workgroups: u32,
-    pub _pad: [u32; 3],
+    pub bucket_shift: u32,
+    pub _pad: [u32; 2],
 }
 
 impl AdaptiveMethod {
@@ -386,15 +426,24 @@ impl AdaptiveMethod {
             }
             AdaptiveMethod::AutoClip(a) => {
                 a.check(max_binding)?;
+                let mut flags = if a.include_current {
+                    P_INCLUDE_CURRENT
+                } else {
+                    0
+                };
+                let (capacity, bucket_shift) = match a.bucket_bits {
+                    Some(m) => {
+                        flags |= P_HISTOGRAM;
+                        (autoclip_buckets(m), 23 - m)
+                    }
+                    None => (a.window, 0),
+                };
                 AdaptiveParams {
                     method: METHOD_AUTOCLIP,
-                    capacity: a.window,
-                    flags: if a.include_current {
-                        P_INCLUDE_CURRENT
-                    } else {
-                        0
-                    },
+                    capacity,
+                    flags,
                     percentile: a.percentile,
+                    bucket_shift,
                     ..Default::default()
                 }
             }

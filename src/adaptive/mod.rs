@@ -425,7 +425,8 @@ impl AdaptiveClip {
 
     /// The state buffer (`COPY_SRC`): the method's statistics and the
     /// latest decision in 64 bytes, then the warm-up norms (ZClip) or the
-    /// window (AutoClip) as f32.
+    /// window (AutoClip) as f32, or AutoClip's bucket counts over all of
+    /// history as u32.
     pub fn state_buffer(&self) -> &wgpu::Buffer {
         &self.state
     }
@@ -488,6 +489,18 @@ impl AdaptiveClip {
             .collect();
         if h.method != self.params.method || h.capacity != self.capacity {
             return bad("saved by another method or with another size");
+        }
+        if self.params.flags & config::P_HISTOGRAM != 0 {
+            // AutoClip over all of history: bucket counts adding up to count.
+            let total: u64 = bytes[STATE_HEAD_SIZE as usize..]
+                .chunks_exact(4)
+                .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]) as u64)
+                .sum();
+            if h.head != 0 || total != h.count as u64 {
+                return bad("AutoClip's bucket counts do not add up to its count");
+            }
+            self.queue.write_buffer(&self.state, 0, bytes);
+            return Ok(());
         }
         if h.head >= self.capacity.max(1) || h.count > self.capacity {
             return bad("history position out of range");
