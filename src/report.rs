@@ -23,7 +23,7 @@ use crate::records::{
 };
 
 /// What a clip found and did.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ClipReport {
     /// The global norm of all gradients before clipping; `+inf` if it is
     /// larger than `f32::MAX` (the factor is still exact then) or an
@@ -48,8 +48,8 @@ pub struct ClipReport {
     pub invalid_partial: bool,
     /// The `max_norm` (TensorFlow: `clip_norm`) the clip used; for an
     /// adaptive clip ([`crate::AdaptiveClip`]) the threshold its GPU pass
-    /// chose (`f32::MAX`: no clipping that step). The step clipped when
-    /// `coefficient != 1`.
+    /// chose (`f32::MAX`: no clipping that step); [`clipped`](Self::clipped)
+    /// says whether the norm was above it.
     pub max_norm: f32,
     /// The loss scale this clip divided the gradients by (1 if it did not unscale).
     pub unscaled_by: f32,
@@ -73,6 +73,25 @@ pub struct ClipReport {
 }
 
 impl ClipReport {
+    /// Whether the norm was above the threshold: a finite `total_norm`
+    /// greater than `max_norm`. For ZClip and AutoClip this is their
+    /// decision (`AdaptiveDecision::clipped`), from the same two f32s; for
+    /// a fixed clip, TensorFlow's rule for scaling. (PyTorch's factor
+    /// `max_norm / (norm + 1e-6)` is also a hair below 1 for a norm just
+    /// under `max_norm`; `coefficient` is what was applied.) A non-finite
+    /// norm is not "clipped": see `nonfinite` and `found_inf`.
+    ///
+    /// ```
+    /// let mut report = gradclip::ClipReport::default();
+    /// (report.total_norm, report.max_norm) = (5.0, 1.0);
+    /// assert!(report.clipped());
+    /// report.total_norm = f32::NAN;
+    /// assert!(!report.clipped());
+    /// ```
+    pub fn clipped(&self) -> bool {
+        self.total_norm.is_finite() && self.total_norm > self.max_norm
+    }
+
     /// `(name, norm)` of each tensor, for a layout made with names.
     pub fn named_norms<'a>(
         &'a self,

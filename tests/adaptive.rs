@@ -119,6 +119,12 @@ impl Run {
                 f32::MAX
             };
             assert_eq!(report.max_norm, want, "{decision:?}");
+            // ... and says whether it clipped, as the method decided.
+            assert_eq!(
+                report.clipped(),
+                decision.clipped,
+                "{decision:?} {report:?}"
+            );
         }
         let after = download(&g.device, &g.queue, &self.buffer, data.len());
         assert_no_wgpu_errors();
