@@ -478,30 +478,34 @@ impl AdaptiveClip {
     /// the wrong size or method, or that no run of the method can produce,
     /// are [`Error::InvalidAdaptiveState`] and change nothing.
     pub fn restore_state(&self, bytes: &[u8]) -> Result<()> {
+        self.check_saved(bytes)?;
+        self.queue.write_buffer(&self.state, 0, bytes);
+        Ok(())
+    }
+
+    /// Whether `bytes` are a state of this clip's method and size that a
+    /// run of the method can produce ([`Error::InvalidAdaptiveState`] if not).
+    fn check_saved(&self, bytes: &[u8]) -> Result<()> {
         let bad = |what| Err(Error::InvalidAdaptiveState(what));
         if bytes.len() as u64 != self.state.size() {
             return bad("not the size of this adaptive clip's state");
         }
         let h: StateHead = bytemuck::pod_read_unaligned(&bytes[..STATE_HEAD_SIZE as usize]);
-        let history: Vec<f32> = bytes[STATE_HEAD_SIZE as usize..]
-            .chunks_exact(4)
-            .map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]]))
-            .collect();
         if h.method != self.params.method || h.capacity != self.capacity {
             return bad("saved by another method or with another size");
         }
+        let words = bytes[STATE_HEAD_SIZE as usize..]
+            .chunks_exact(4)
+            .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]));
         if self.params.flags & config::P_HISTOGRAM != 0 {
             // AutoClip over all of history: bucket counts adding up to count.
-            let total: u64 = bytes[STATE_HEAD_SIZE as usize..]
-                .chunks_exact(4)
-                .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]) as u64)
-                .sum();
+            let total: u64 = words.map(u64::from).sum();
             if h.head != 0 || total != h.count as u64 {
                 return bad("AutoClip's bucket counts do not add up to its count");
             }
-            self.queue.write_buffer(&self.state, 0, bytes);
             return Ok(());
         }
+        let history: Vec<f32> = words.map(f32::from_bits).collect();
         if h.head >= self.capacity.max(1) || h.count > self.capacity {
             return bad("history position out of range");
         }
@@ -528,7 +532,6 @@ impl AdaptiveClip {
                 return bad("ZClip's EMA is negative or non-finite");
             }
         }
-        self.queue.write_buffer(&self.state, 0, bytes);
         Ok(())
     }
 
