@@ -169,6 +169,29 @@ pub const AGC_DTYPE_F32: u32 = 0;
 pub const AGC_DTYPE_F16: u32 = 1;
 pub const AGC_DTYPE_BF16: u32 = 2;
 
+/// `AdaptiveParams.method` and `AdaptiveState.method` of each adaptive
+/// method (`shaders/adaptive.wgsl`; AdaGC's module has its own pass).
+pub const METHOD_ZCLIP: u32 = 1;
+pub const METHOD_AUTOCLIP: u32 = 2;
+pub const METHOD_ADAGC: u32 = 3;
+
+/// `AdaptiveParams.flags` bits: ZClip's cap, mode, clip target and
+/// skip-on-spike, AutoClip's order and histogram (`shaders/adaptive.wgsl`),
+/// AdaGC's semantics (`shaders/adaptive_adagc.wgsl`).
+pub const P_HAS_CAP: u32 = 1;
+pub const P_PERCENTILE_MODE: u32 = 2;
+pub const P_CLIP_TO_MEAN: u32 = 4;
+pub const P_SKIP_ON_SPIKE: u32 = 8;
+pub const P_INCLUDE_CURRENT: u32 = 16;
+pub const P_TENSORFLOW: u32 = 32;
+pub const P_HISTOGRAM: u32 = 64;
+
+/// `AdaptiveState.decision` bits, in both adaptive modules (AdaGC's has no spike).
+pub const D_CLIPPED: u32 = 1;
+pub const D_SPIKE: u32 = 2;
+pub const D_SKIPPED: u32 = 4;
+pub const D_WARMUP: u32 = 8;
+
 /// The `DTYPE` override of AGC's pipelines for gradients and parameters of `dtype`.
 pub fn agc_dtype(dtype: crate::GradType) -> u32 {
     match dtype {

@@ -299,56 +299,88 @@ fn u32_constant(module: &naga::Module, name: &str) -> u32 {
     }
 }
 
+/// Each `(name, value)`: the WGSL constant `name` of `module` is `value`.
+fn assert_constants(module: &naga::Module, what: &str, constants: &[(&str, u32)]) {
+    for &(name, value) in constants {
+        assert_eq!(u32_constant(module, name), value, "{what}: {name}");
+    }
+}
+
 #[test]
 fn flag_constants_match_the_host() {
     let (module, _) = parse(&MODULES[1]);
-    assert_eq!(
-        u32_constant(&module, "SEMANTICS_TORCH"),
-        records::SEMANTICS_TORCH
+    assert_constants(
+        &module,
+        MODULES[1].name,
+        &[
+            ("SEMANTICS_TORCH", records::SEMANTICS_TORCH),
+            ("SEMANTICS_TENSORFLOW", records::SEMANTICS_TENSORFLOW),
+            ("FLAG_INF", records::FLAG_INF),
+            ("FLAG_NAN", records::FLAG_NAN),
+            ("CFG_TENSOR_NORMS", records::CFG_TENSOR_NORMS),
+            ("CFG_PER_TENSOR", records::CFG_PER_TENSOR),
+            ("CFG_NO_SCALE", records::CFG_NO_SCALE),
+            ("CFG_UNSCALE", records::CFG_UNSCALE),
+            ("CFG_ERROR_IF_NONFINITE", records::CFG_ERROR_IF_NONFINITE),
+            ("CFG_SUPPLIED", records::CFG_SUPPLIED),
+            ("CFG_KEEP_SCALE", records::CFG_KEEP_SCALE),
+            ("FLAG_INVALID", records::FLAG_INVALID),
+        ],
     );
-    assert_eq!(
-        u32_constant(&module, "SEMANTICS_TENSORFLOW"),
-        records::SEMANTICS_TENSORFLOW
-    );
-    assert_eq!(u32_constant(&module, "FLAG_INF"), records::FLAG_INF);
-    assert_eq!(u32_constant(&module, "FLAG_NAN"), records::FLAG_NAN);
-    assert_eq!(
-        u32_constant(&module, "CFG_TENSOR_NORMS"),
-        records::CFG_TENSOR_NORMS
-    );
-    assert_eq!(
-        u32_constant(&module, "CFG_PER_TENSOR"),
-        records::CFG_PER_TENSOR
-    );
-    assert_eq!(u32_constant(&module, "CFG_NO_SCALE"), records::CFG_NO_SCALE);
-    assert_eq!(u32_constant(&module, "CFG_UNSCALE"), records::CFG_UNSCALE);
-    assert_eq!(
-        u32_constant(&module, "CFG_ERROR_IF_NONFINITE"),
-        records::CFG_ERROR_IF_NONFINITE
-    );
-    assert_eq!(u32_constant(&module, "CFG_SUPPLIED"), records::CFG_SUPPLIED);
-    assert_eq!(
-        u32_constant(&module, "CFG_KEEP_SCALE"),
-        records::CFG_KEEP_SCALE
-    );
-    assert_eq!(u32_constant(&module, "FLAG_INVALID"), records::FLAG_INVALID);
     assert_eq!(u32_constant(&module, "LOG_LEN") as u64, records::LOG_LEN);
+}
+
+#[test]
+fn adaptive_constants_match_the_host() {
+    let decisions = [
+        ("D_CLIPPED", records::D_CLIPPED),
+        ("D_SKIPPED", records::D_SKIPPED),
+        ("D_WARMUP", records::D_WARMUP),
+    ];
+    let (module, _) = parse(&ADAPTIVE);
+    assert_constants(&module, ADAPTIVE.name, &decisions);
+    assert_constants(
+        &module,
+        ADAPTIVE.name,
+        &[
+            ("D_SPIKE", records::D_SPIKE),
+            ("METHOD_ZCLIP", records::METHOD_ZCLIP),
+            ("METHOD_AUTOCLIP", records::METHOD_AUTOCLIP),
+            ("P_HAS_CAP", records::P_HAS_CAP),
+            ("P_PERCENTILE_MODE", records::P_PERCENTILE_MODE),
+            ("P_CLIP_TO_MEAN", records::P_CLIP_TO_MEAN),
+            ("P_SKIP_ON_SPIKE", records::P_SKIP_ON_SPIKE),
+            ("P_INCLUDE_CURRENT", records::P_INCLUDE_CURRENT),
+            ("P_HISTOGRAM", records::P_HISTOGRAM),
+        ],
+    );
+    let (module, _) = parse(&ADAPTIVE_ADAGC);
+    assert_constants(&module, ADAPTIVE_ADAGC.name, &decisions);
+    assert_constants(
+        &module,
+        ADAPTIVE_ADAGC.name,
+        &[
+            ("P_TENSORFLOW", records::P_TENSORFLOW),
+            // Its own copy of common.wgsl's scale kind, which it writes.
+            ("SCALE_PER_TENSOR", {
+                let (common, _) = parse(&MODULES[2]);
+                u32_constant(&common, "SCALE_PER_TENSOR")
+            }),
+        ],
+    );
 }
 
 #[test]
 fn agc_element_types_and_workgroup_size_match_the_host() {
     let (module, _) = parse(&ADAPTIVE_AGC);
-    assert_eq!(
-        u32_constant(&module, "AGC_DTYPE_F32"),
-        records::AGC_DTYPE_F32
-    );
-    assert_eq!(
-        u32_constant(&module, "AGC_DTYPE_F16"),
-        records::AGC_DTYPE_F16
-    );
-    assert_eq!(
-        u32_constant(&module, "AGC_DTYPE_BF16"),
-        records::AGC_DTYPE_BF16
+    assert_constants(
+        &module,
+        ADAPTIVE_AGC.name,
+        &[
+            ("AGC_DTYPE_F32", records::AGC_DTYPE_F32),
+            ("AGC_DTYPE_F16", records::AGC_DTYPE_F16),
+            ("AGC_DTYPE_BF16", records::AGC_DTYPE_BF16),
+        ],
     );
     assert!(module
         .overrides

@@ -5,6 +5,10 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::config::Semantics;
 use crate::error::{Error, Result};
+use crate::records::{
+    METHOD_ADAGC, METHOD_AUTOCLIP, METHOD_ZCLIP, P_CLIP_TO_MEAN, P_HAS_CAP, P_HISTOGRAM,
+    P_INCLUDE_CURRENT, P_PERCENTILE_MODE, P_SKIP_ON_SPIKE, P_TENSORFLOW,
+};
 
 /// ZClip's `mode`: what counts as a spike and what it is clipped to.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -336,18 +340,6 @@ impl From<AutoClip> for AdaptiveMethod {
         Self::AutoClip(a)
     }
 }
-
-pub(crate) const METHOD_ZCLIP: u32 = 1;
-pub(crate) const METHOD_AUTOCLIP: u32 = 2;
-pub(crate) const METHOD_ADAGC: u32 = 3;
-
-const P_HAS_CAP: u32 = 1;
-const P_PERCENTILE_MODE: u32 = 2;
-const P_CLIP_TO_MEAN: u32 = 4;
-const P_SKIP_ON_SPIKE: u32 = 8;
-const P_INCLUDE_CURRENT: u32 = 16;
-const P_TENSORFLOW: u32 = 32;
-pub(crate) const P_HISTOGRAM: u32 = 64;
 
 /// Most mantissa bits of AutoClip's histogram (1 MiB of buckets).
 const MAX_BUCKET_BITS: u32 = 10;

@@ -25,9 +25,10 @@ use crate::shaders;
 mod agc;
 mod config;
 
+use crate::records::{D_CLIPPED, D_SKIPPED, D_SPIKE, D_WARMUP, METHOD_ADAGC, P_HISTOGRAM};
 pub use agc::{Agc, AgcClip, AgcUnits, UnitReport};
 pub use config::{AdaGc, AdaptiveMethod, AutoClip, ZClip, ZClipMode, ZClipTo};
-use config::{AdaptiveParams, METHOD_ADAGC, STATE_HEAD_SIZE};
+use config::{AdaptiveParams, STATE_HEAD_SIZE};
 
 /// WGSL `AdaptiveState` up to its history.
 #[repr(C)]
@@ -54,11 +55,6 @@ const _: () = assert!(size_of::<StateHead>() as u64 == STATE_HEAD_SIZE);
 
 /// Where the threshold, as the clip's `max_norm`, sits in the state buffer.
 const MAX_NORM_OFFSET: u64 = core::mem::offset_of!(StateHead, max_norm) as u64;
-
-const D_CLIPPED: u32 = 1;
-const D_SPIKE: u32 = 2;
-const D_SKIPPED: u32 = 4;
-const D_WARMUP: u32 = 8;
 
 /// What the adaptive pass decided in the latest step it ran.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -497,7 +493,7 @@ impl AdaptiveClip {
         let words = bytes[STATE_HEAD_SIZE as usize..]
             .chunks_exact(4)
             .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]));
-        if self.params.flags & config::P_HISTOGRAM != 0 {
+        if self.params.flags & P_HISTOGRAM != 0 {
             // AutoClip over all of history: bucket counts adding up to count.
             let total: u64 = words.map(u64::from).sum();
             if h.head != 0 || total != h.count as u64 {
