@@ -350,13 +350,15 @@ fn window_ranges(bound: &Bound, placed: &Placed<'_>) -> Vec<WindowRange> {
         .collect()
 }
 
-/// The plan table, the window records and the bind groups of `bound`;
-/// `movable` bindings get their table and records with room to spare,
-/// written by each clip instead of once here.
+/// The plan table, the window records and the bind groups of `bound`,
+/// binding `windows` (its [`window_ranges`]); `movable` bindings get their
+/// table and records with room to spare, written by each clip instead of
+/// once here.
 fn bindings(
     inner: &Inner,
     bound: &Bound,
     placed: &Placed<'_>,
+    windows: Vec<WindowRange>,
     scratch: Scratch<'_>,
     movable: bool,
 ) -> Result<Bindings> {
@@ -380,7 +382,6 @@ fn bindings(
     paths.dedup();
     let uniform_bytes = record_bytes(bound, uniform_stride);
     let table_words = plan.table_words();
-    let windows = window_ranges(bound, placed);
 
     let catch = Catch::begin(device);
     let (table, uniforms) = if movable {
@@ -535,7 +536,8 @@ impl GradSet {
             stats: &stats,
             config: &config,
         };
-        let bound = bindings(&inner, &bound, placed, scratch, false)?;
+        let windows = window_ranges(&bound, placed);
+        let bound = bindings(&inner, &bound, placed, windows, scratch, false)?;
         Ok(Self {
             reader: Reader::new(layout.len()),
             layout: layout.clone(),
@@ -640,7 +642,7 @@ impl GradSet {
             stats: &self.stats,
             config: &self.config,
         };
-        let bound = bindings(&self.inner, &bound, &placed, scratch, true)?;
+        let bound = bindings(&self.inner, &bound, &placed, windows, scratch, true)?;
         self.switch_to(bound, partials);
         self.rebuilds += 1;
         Ok(true)
