@@ -172,6 +172,21 @@ fn gradients_moving_inside_a_pool_build_nothing() {
 /// the other order: each clips the gradients it was recorded with.
 #[test]
 fn moved_clips_submitted_out_of_order_clip_their_own_places() {
+    clip_two_places_out_of_order([1.0, 3.0], None);
+}
+
+/// The same with an adaptive clip, whose step records the norm, its pass
+/// and the clip in two halves: ZClip in its warm-up clips to its cap.
+#[test]
+fn moved_adaptive_clips_submitted_out_of_order_clip_their_own_places() {
+    let zclip = gradclip::ZClip::new().warmup_steps(100).max_norm(Some(1.0));
+    clip_two_places_out_of_order([1.0, 1.0], Some(zclip.into()));
+}
+
+/// Records a clip to `max_norms[k]` at each of two places of one pool
+/// (fixed, or `adaptive` with its threshold equal to it), submits the two
+/// encoders in the other order, and checks each place against float64.
+fn clip_two_places_out_of_order(max_norms: [f32; 2], adaptive: Option<gradclip::AdaptiveMethod>) {
     let g = gpu();
     let sizes = [5000usize, 3, 12_000, 64];
     let layout = GradLayout::from_sizes(&sizes).unwrap();
@@ -181,6 +196,7 @@ fn moved_clips_submitted_out_of_order_clip_their_own_places() {
         .clipper
         .bind_ranges_as(&layout, &places(&pool, &scattered(&sizes, 0, 0), &sizes))
         .unwrap();
+    let adaptive = adaptive.map(|m| gradclip::AdaptiveClip::new(&set, m).unwrap());
     let p1 = scattered(&sizes, n as u64, 1);
     let p2 = scattered(&sizes, 2 * n as u64 + 100, 2);
     // Disjoint: p2 starts after p1's last tensor.
@@ -197,11 +213,14 @@ fn moved_clips_submitted_out_of_order_clip_their_own_places() {
     write_at(g, &pool, &p1, &sizes, &d1);
     write_at(g, &pool, &p2, &sizes, &d2);
     let mut encoders = Vec::new();
-    for (offsets, max_norm) in [(&p1, 1.0f32), (&p2, 3.0)] {
+    for (offsets, max_norm) in [(&p1, max_norms[0]), (&p2, max_norms[1])] {
         set.rebind_ranges(&places(&pool, offsets, &sizes)).unwrap();
         let mut encoder = g.device.create_command_encoder(&Default::default());
-        set.clip_norm(&mut encoder, &ClipNorm::new(max_norm))
-            .unwrap();
+        let clip = ClipNorm::new(max_norm);
+        match &adaptive {
+            Some(a) => a.clip(&set, &mut encoder, &clip).unwrap(),
+            None => set.clip_norm(&mut encoder, &clip).unwrap(),
+        }
         encoders.push(encoder.finish());
     }
     assert_eq!(
@@ -211,9 +230,12 @@ fn moved_clips_submitted_out_of_order_clip_their_own_places() {
     );
     encoders.reverse();
     g.queue.submit(encoders);
-    for (offsets, data, max_norm, what) in [(&p1, &d1, 1.0, "first"), (&p2, &d2, 3.0, "second")] {
+    for (offsets, data, max_norm, what) in [
+        (&p1, &d1, max_norms[0], "first"),
+        (&p2, &d2, max_norms[1], "second"),
+    ] {
         let norm = reference::norm(data, Order::L2);
-        let want = reference::torch_clipped(data, norm, max_norm);
+        let want = reference::torch_clipped(data, norm, max_norm as f64);
         assert_close(&read_at(g, &pool, offsets, &sizes), &want, 1e-6, what);
     }
     assert_no_wgpu_errors();

@@ -333,7 +333,8 @@ impl GradSet {
     }
 
     /// The second half of an adaptive method's step, finishing step `step`
-    /// (its report replaces the first half's): like
+    /// (its report replaces the first half's), recorded into the encoder of
+    /// the first half right after it: like
     /// [`clip_with_partial_from`](Self::clip_with_partial_from) with this
     /// set's own partial (left by the first half), and with the clip's
     /// `max_norm` replaced by the 4 bytes at `max_norm_from`, written on
@@ -355,7 +356,7 @@ impl GradSet {
             config.flags |= CFG_NO_SCALE;
         }
         check_recordable(source, "adaptive state buffer")?;
-        self.begin_at(encoder, config, step)?;
+        self.begin_at(encoder, config, step, false)?;
         encoder.copy_buffer_to_buffer(
             &self.stats,
             STATS_PARTIAL_OFFSET,
@@ -445,18 +446,22 @@ impl GradSet {
         } else {
             0
         };
-        self.begin_at(encoder, config, step)?;
+        self.begin_at(encoder, config, step, true)?;
         Ok(step)
     }
 
     /// [`begin`](Self::begin) for a clip that takes step number `step`
     /// (0: no norm step): an adaptive clip's second half finishes the step
-    /// its `record_norm` began, so a step makes one report.
+    /// its `record_norm` began, so a step makes one report. `places`:
+    /// upload the plan table and window records of movable bindings (the
+    /// second half finds them in place: its first half uploaded them earlier
+    /// in the same encoder, and no rebind can come between).
     fn begin_at(
         &self,
         encoder: &mut wgpu::CommandEncoder,
         mut config: ClipConfig,
         step: u64,
+        places: bool,
     ) -> Result<()> {
         for buffer in &self.bound.buffers {
             check_recordable(buffer, "gradient buffer")?;
@@ -468,7 +473,7 @@ impl GradSet {
             }
         }
         let uploads = &self.inner.uploads;
-        if let Some(movable) = &self.bound.movable {
+        if let Some(movable) = self.bound.movable.as_ref().filter(|_| places) {
             // The places this clip is recorded with, whatever the set's
             // places are when the encoder is submitted.
             uploads.upload(encoder, &movable.table, 0, &movable.table_bytes)?;
