@@ -60,15 +60,33 @@ fn gradients(n: usize, step: usize) -> Vec<f32> {
 /// the norm and steps with the coefficient applied on load, `plain` clips in
 /// place and steps plainly.
 fn step_both(fused: &Model, plain: &Model, grads: &[f32], clip: &ClipNorm) {
+    step_both_with(
+        fused,
+        plain,
+        grads,
+        |encoder| fused.set.record_norm(encoder, clip).unwrap(),
+        |encoder| plain.set.clip_norm(encoder, clip).unwrap(),
+    );
+}
+
+/// [`step_both`] with the norm recordings given: `record_fused` leaves the
+/// gradients to the fused step, `record_plain` clips them.
+fn step_both_with(
+    fused: &Model,
+    plain: &Model,
+    grads: &[f32],
+    record_fused: impl FnOnce(&mut wgpu::CommandEncoder),
+    record_plain: impl FnOnce(&mut wgpu::CommandEncoder),
+) {
     let g = gpu();
     g.queue
         .write_buffer(&fused.grads, 0, bytemuck::cast_slice(grads));
     g.queue
         .write_buffer(&plain.grads, 0, bytemuck::cast_slice(grads));
     let mut encoder = g.device.create_command_encoder(&Default::default());
-    fused.set.record_norm(&mut encoder, clip).unwrap();
+    record_fused(&mut encoder);
     fused.sgd.encode(&mut encoder);
-    plain.set.clip_norm(&mut encoder, clip).unwrap();
+    record_plain(&mut encoder);
     plain.sgd.encode(&mut encoder);
     g.queue.submit([encoder.finish()]);
 }
@@ -261,18 +279,13 @@ fn fused_step_after_an_adaptive_threshold_equals_adaptive_clip_then_step() {
                 grads[4_000] = f32::NAN;
                 loss_scale /= 2.0;
             }
-            g.queue
-                .write_buffer(&fused.grads, 0, bytemuck::cast_slice(&grads));
-            g.queue
-                .write_buffer(&plain.grads, 0, bytemuck::cast_slice(&grads));
-            let mut encoder = g.device.create_command_encoder(&Default::default());
-            fused_clip
-                .record_norm(&fused.set, &mut encoder, &clip)
-                .unwrap();
-            fused.sgd.encode(&mut encoder);
-            plain_clip.clip(&plain.set, &mut encoder, &clip).unwrap();
-            plain.sgd.encode(&mut encoder);
-            g.queue.submit([encoder.finish()]);
+            step_both_with(
+                &fused,
+                &plain,
+                &grads,
+                |encoder| fused_clip.record_norm(&fused.set, encoder, &clip).unwrap(),
+                |encoder| plain_clip.clip(&plain.set, encoder, &clip).unwrap(),
+            );
             last = grads;
         }
         let what = format!("{method:?}, unscale {unscale}");
