@@ -115,7 +115,8 @@ fn workgroup_size(limits: &wgpu::Limits) -> Result<u32> {
     Ok(size)
 }
 
-fn storage_entry(binding: u32, read_only: bool) -> wgpu::BindGroupLayoutEntry {
+/// A compute-visible storage buffer entry of a bind group layout.
+pub(crate) fn storage_entry(binding: u32, read_only: bool) -> wgpu::BindGroupLayoutEntry {
     wgpu::BindGroupLayoutEntry {
         binding,
         visibility: wgpu::ShaderStages::COMPUTE,
@@ -128,7 +129,8 @@ fn storage_entry(binding: u32, read_only: bool) -> wgpu::BindGroupLayoutEntry {
     }
 }
 
-fn uniform_entry<T>(binding: u32) -> wgpu::BindGroupLayoutEntry {
+/// A compute-visible uniform buffer entry holding a `T`.
+pub(crate) fn uniform_entry<T>(binding: u32) -> wgpu::BindGroupLayoutEntry {
     wgpu::BindGroupLayoutEntry {
         binding,
         visibility: wgpu::ShaderStages::COMPUTE,

@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytemuck::{Pod, Zeroable};
 
+use crate::clipper::{storage_entry, uniform_entry};
 use crate::dtype::GradType;
 use crate::error::{Error, Result};
 use crate::gpu_errors::{check_alive, init_buffer, Catch};
@@ -320,25 +321,14 @@ impl AgcClip {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let entry = |binding, ty| wgpu::BindGroupLayoutEntry {
-            binding,
-            visibility: wgpu::ShaderStages::COMPUTE,
-            ty: wgpu::BindingType::Buffer {
-                ty,
-                has_dynamic_offset: false,
-                min_binding_size: None,
-            },
-            count: None,
-        };
-        let storage = |read_only| wgpu::BufferBindingType::Storage { read_only };
         let bind_group_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
             label: Some("gradclip agc bind group layout"),
             entries: &[
-                entry(0, storage(false)),
-                entry(1, storage(true)),
-                entry(2, storage(true)),
-                entry(3, storage(false)),
-                entry(4, wgpu::BufferBindingType::Uniform),
+                storage_entry(0, false), // gradients
+                storage_entry(1, true),  // parameters
+                storage_entry(2, true),  // unit table
+                storage_entry(3, false), // unit results
+                uniform_entry::<AgcParams>(4),
             ],
         });
         let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {

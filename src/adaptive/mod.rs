@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use bytemuck::{Pod, Zeroable};
 use futures_intrusive::channel::shared::oneshot_channel;
 
+use crate::clipper::uniform_entry;
 use crate::config::ClipNorm;
 use crate::error::{Error, Result};
 use crate::gpu_errors::Catch;
@@ -208,16 +209,7 @@ impl AdaptiveClip {
             entries: &[
                 stats_entry,
                 storage(1, false, STATE_HEAD_SIZE + 8),
-                wgpu::BindGroupLayoutEntry {
-                    binding: 2,
-                    visibility: wgpu::ShaderStages::COMPUTE,
-                    ty: wgpu::BindingType::Buffer {
-                        ty: wgpu::BufferBindingType::Uniform,
-                        has_dynamic_offset: false,
-                        min_binding_size: wgpu::BufferSize::new(size_of::<AdaptiveParams>() as u64),
-                    },
-                    count: None,
-                },
+                uniform_entry::<AdaptiveParams>(2),
             ],
         });
         let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
