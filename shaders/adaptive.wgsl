@@ -1,9 +1,9 @@
 // Adaptive thresholds (ZClip, AutoClip) computed on the GPU from state kept
 // on the GPU, between a set's record_norm and its clip with the recorded
-// partial. The host prepends clip_state.wgsl (ClipState). The threshold is
-// written to AdaptiveState.max_norm, which the host copies into the set's
-// ClipConfig.max_norm before the clip's finish dispatch: no value ever goes
-// through the host.
+// partial. The host prepends clip_state.wgsl (ClipState) and bits.wgsl. The
+// threshold is written to AdaptiveState.max_norm, which the host copies into
+// the set's ClipConfig.max_norm before the clip's finish dispatch: no value
+// ever goes through the host.
 //
 // A step whose norm is NaN or infinite leaves every statistic as it was, so
 // one bad batch cannot poison the EMA or the history.
@@ -76,20 +76,11 @@ struct AdaptiveState {
 @group(0) @binding(1) var<storage, read_write> st: AdaptiveState;
 @group(0) @binding(2) var<uniform> prm: AdaptiveParams;
 
-// A runtime +inf: a constant expression may not overflow in WGSL.
-fn inf_from_bits(bits: u32) -> f32 {
-    return bitcast<f32>(bits);
-}
-
-fn finite(x: f32) -> bool {
-    return (bitcast<u32>(x) & 0x7f800000u) != 0x7f800000u;
-}
-
 fn cap() -> f32 {
     if (prm.flags & P_HAS_CAP) != 0u {
         return prm.cap;
     }
-    return inf_from_bits(0x7f800000u);
+    return f32_from_bits(POS_INF);
 }
 
 fn publish(g: f32, threshold: f32, boundary: f32, decision: u32) {
@@ -97,11 +88,11 @@ fn publish(g: f32, threshold: f32, boundary: f32, decision: u32) {
     st.threshold = threshold;
     st.boundary = boundary;
     var d = decision;
-    if finite(g) && g > threshold {
+    if is_finite_f32(g) && g > threshold {
         d |= D_CLIPPED;
     }
     st.decision = d;
-    st.max_norm = select(F32_MAX, max(threshold, 0.0), finite(threshold));
+    st.max_norm = select(F32_MAX, max(threshold, 0.0), is_finite_f32(threshold));
     st.recorded += 1u;
 }
 
@@ -111,7 +102,7 @@ fn publish(g: f32, threshold: f32, boundary: f32, decision: u32) {
 // updated with the value the spike was clipped to (or left alone).
 fn zclip_step(g: f32) {
     let c = cap();
-    if !finite(g) {
+    if !is_finite_f32(g) {
         var boundary = c;
         if st.ema_ready != 0u {
             boundary = min(boundary, st.mean + prm.z_thresh * (sqrt(st.variance) + prm.eps));
@@ -190,7 +181,7 @@ fn histogram() -> bool {
 fn push_norm(g: f32) {
     if histogram() {
         // g is finite and not negative (a -0 counts as 0): its bits order as it does.
-        st.history[(bitcast<u32>(g) & 0x7fffffffu) >> prm.bucket_shift] += 1u;
+        st.history[(bitcast<u32>(g) & ABS_MASK) >> prm.bucket_shift] += 1u;
         st.count += 1u;
         return;
     }
@@ -282,7 +273,7 @@ fn select_buckets(lid: u32, lo: u32) {
 // of the norms seen (the last `capacity` of them).
 fn autoclip_step(lid: u32) {
     let g = clip.total_norm;
-    let ok = finite(g);
+    let ok = is_finite_f32(g);
     let include = (prm.flags & P_INCLUDE_CURRENT) != 0u;
     if lid == 0u {
         if ok && include {
@@ -293,7 +284,7 @@ fn autoclip_step(lid: u32) {
     // The push must be visible to every invocation, and the count uniform.
     storageBarrier();
     let n = workgroupUniformLoad(&window_len);
-    var threshold = inf_from_bits(0x7f800000u);
+    var threshold = f32_from_bits(POS_INF);
     if n > 0u {
         threshold = autoclip_percentile(lid, n);
     }

@@ -2,7 +2,7 @@
 // Language Model Pretraining"; the authors' Megatron patch): per-tensor
 // thresholds from an EMA of each tensor's past clipped norms, computed on the
 // GPU between a set's record_norm (with per-tensor norms) and its scale pass.
-// The host prepends clip_state.wgsl (ClipState).
+// The host prepends clip_state.wgsl (ClipState) and bits.wgsl.
 //
 // This pass writes the set's stats directly: each tensor's exact factor in
 // its TensorStat, ClipState.scale_kind = per tensor and the scale pass's
@@ -87,26 +87,18 @@ struct AdaptiveState {
 
 var<workgroup> any_scaled: atomic<u32>;
 
-fn finite(x: f32) -> bool {
-    return (bitcast<u32>(x) & 0x7f800000u) != 0x7f800000u;
-}
-
-fn bits_f32(bits: u32) -> f32 {
-    return bitcast<f32>(bits);
-}
-
 // The factor of a norm and a threshold (+inf: none), as gradclip's fixed
 // clips compute it: PyTorch min(1, τ / (n + 1e-6)), TensorFlow τ / max(n, τ);
 // NaN for a NaN norm, 0 (PyTorch) or NaN (TensorFlow) for an infinite one.
 fn factor(n: f32, threshold: f32) -> f32 {
     let tf = (prm.flags & P_TENSORFLOW) != 0u;
-    if (bitcast<u32>(n) & 0x7fffffffu) > 0x7f800000u {
-        return bits_f32(0x7fc00000u);
+    if (bitcast<u32>(n) & ABS_MASK) > EXP_MASK {
+        return f32_from_bits(QUIET_NAN);
     }
-    if !finite(n) {
-        return select(0.0, bits_f32(0x7fc00000u), tf);
+    if !is_finite_f32(n) {
+        return select(0.0, f32_from_bits(QUIET_NAN), tf);
     }
-    if !finite(threshold) {
+    if !is_finite_f32(threshold) {
         return 1.0;
     }
     if tf {
@@ -147,7 +139,7 @@ fn adagc_step(@builtin(local_invocation_index) lid: u32) {
             // A tensor without γ yet (no warm-up) starts from its own norm.
             var g0 = gamma;
             if gamma < 0.0 {
-                g0 = select(bits_f32(0x7f800000u), n, finite(n));
+                g0 = select(f32_from_bits(POS_INF), n, is_finite_f32(n));
             }
             threshold = prm.ratio * g0;
             f = factor(n, threshold);
@@ -170,7 +162,7 @@ fn adagc_step(@builtin(local_invocation_index) lid: u32) {
         var e = 0;
         if found_inf {
             m = 1.0;
-        } else if f != 0.0 && finite(f) {
+        } else if f != 0.0 && is_finite_f32(f) {
             let parts = frexp(f);
             m = parts.fract / unscale.fract;
             e = parts.exp - unscale.exp;
@@ -181,7 +173,7 @@ fn adagc_step(@builtin(local_invocation_index) lid: u32) {
         }
         stats.tensors[i].coef_mant = m;
         stats.tensors[i].coef_exp = e;
-        if !found_inf && (bitcast<u32>(m) != 0x3f800000u || e != 0) {
+        if !found_inf && (bitcast<u32>(m) != ONE_BITS || e != 0) {
             scaled = true;
         }
     }
@@ -198,11 +190,11 @@ fn adagc_step(@builtin(local_invocation_index) lid: u32) {
         } else {
             st.steps += 1u;
         }
-        if warm && finite(total) && total > prm.cap {
+        if warm && is_finite_f32(total) && total > prm.cap {
             decision |= D_CLIPPED;
         }
         st.norm = total;
-        st.threshold = select(bits_f32(0x7f800000u), prm.cap, warm);
+        st.threshold = select(f32_from_bits(POS_INF), prm.cap, warm);
         st.boundary = st.threshold;
         st.decision = decision;
         st.recorded += 1u;

@@ -1,6 +1,7 @@
 // The f32 bit patterns every pass tests on the integer bits (the reduce,
-// finalize and scale passes, the 16-bit codecs, AGC), in a file of its own
-// so that modules without the clip's bindings (AGC) can include them.
+// finalize and scale passes, the 16-bit codecs, the adaptive passes, AGC),
+// in a file of its own so that modules without the clip's bindings (the
+// adaptive ones) can include them.
 
 const ABS_MASK: u32 = 0x7fffffffu;
 const EXP_MASK: u32 = 0x7f800000u;
@@ -16,4 +17,8 @@ const ONE_BITS: u32 = 0x3f800000u;
 // parameter is never a constant expression, so the bits pass through one.
 fn f32_from_bits(bits: u32) -> f32 {
     return bitcast<f32>(bits);
+}
+
+fn is_finite_f32(x: f32) -> bool {
+    return (bitcast<u32>(x) & EXP_MASK) != EXP_MASK;
 }

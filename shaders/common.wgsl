@@ -250,6 +250,3 @@ fn mul_pow2(x: f32, k: i32) -> f32 {
     return bitcast<f32>((bits & ~EXP_MASK) | (u32(n) << 23u));
 }
 
-fn is_finite_f32(x: f32) -> bool {
-    return (bitcast<u32>(x) & EXP_MASK) != EXP_MASK;
-}

@@ -159,6 +159,7 @@ pub const ADAPTIVE: PassModule = PassModule {
     name: "gradclip adaptive",
     files: &[
         CLIP_STATE,
+        BITS,
         ("adaptive.wgsl", include_str!("../shaders/adaptive.wgsl")),
     ],
     entry_points: &["adaptive_step"],
@@ -172,6 +173,7 @@ pub const ADAPTIVE_ADAGC: PassModule = PassModule {
     name: "gradclip adaptive adagc",
     files: &[
         CLIP_STATE,
+        BITS,
         (
             "adaptive_adagc.wgsl",
             include_str!("../shaders/adaptive_adagc.wgsl"),
