@@ -206,6 +206,31 @@ fn stride_workgroups() -> u32 {
     return select(win.flat_workgroups, win.workgroups, scale_by_tensor());
 }
 
+// Invocations of a team: the passes cut each run of units into WG / TEAM
+// contiguous pieces, one per team of TEAM neighbouring invocations, which
+// read it in turns (lane l of a team takes units l, l + TEAM, ...). Loads of
+// neighbouring invocations stay neighbours, as GPUs want, while each team
+// streams one contiguous piece: CPU drivers run a SIMD group's invocations
+// (8 on lavapipe, 4 on SwiftShader) to the next barrier before starting the
+// next group's, so a whole-workgroup stride made every group re-read the
+// run in short pieces scattered over it. Divides every workgroup size the
+// host picks (a power of two, at least 32).
+const TEAM: u32 = 8u;
+
+// Invocation t's units of a run of `units`: the first one, and the end of
+// its team's piece (the walk's stride is TEAM).
+struct TeamWalk {
+    first: u32,
+    end: u32,
+}
+
+fn team_walk(units: u32, t: u32) -> TeamWalk {
+    let teams = WG / TEAM;
+    let per = ((units + teams - 1u) / teams + TEAM - 1u) / TEAM * TEAM;
+    let begin = min((t / TEAM) * per, units);
+    return TeamWalk(begin + t % TEAM, min(begin + per, units));
+}
+
 // Bits of a non-finite element, as FLAG_* bits; 0 for finite ones.
 fn nonfinite_flags(bits: u32) -> u32 {
     let a = bits & ABS_MASK;

@@ -9,9 +9,11 @@
 //
 // Every element path walks a chunk in the same units (one f32, or one pair
 // of 16-bit elements, whether loaded as one u32 word or as two f16s) and in
-// the same order: invocation t takes units t, t + WG, t + 2 WG, t + 3 WG of
-// each block of LANES * WG units into LANES accumulators (loads in flight),
-// the rest one at a time. So native and packed f16 give the same bits.
+// the same order: the run is cut into one contiguous piece per team
+// (team_walk), and lane l of a team takes units l, l + TEAM, l + 2 TEAM,
+// l + 3 TEAM of each block of LANES * TEAM units of its piece into LANES
+// accumulators (loads in flight), the rest one at a time. So native and
+// packed f16 give the same bits.
 
 // Blue's thresholds and scales for f32 (Anderson 2017, adapted so that no
 // single square exceeds 2^88 and a bin holds 2^40 of them without overflow).
@@ -103,8 +105,8 @@ fn units_of(len: u32) -> u32 {
 fn exact_units(start: u32, len: u32, t: u32, kind: u32) -> Partial {
     var acc = vec3<f32>(0.0);
     var flags = 0u;
-    let units = units_of(len);
-    for (var u = t; u < units; u += WG) {
+    let w = team_walk(units_of(len), t);
+    for (var u = w.first; u < w.end; u += TEAM) {
         let b = unit_bits(start, len, u);
         add_element(kind, &acc, &flags, b.x);
         add_element(kind, &acc, &flags, b.y);
@@ -122,16 +124,16 @@ fn abs2(b: vec2<u32>) -> vec2<u32> {
 // band [2^-63, 2^44) or zero, which is exactly what Blue's medium bin adds;
 // an invocation that met any other element redoes its units exactly.
 fn l2_units(start: u32, len: u32, t: u32) -> Partial {
-    let units = units_of(len);
+    let w = team_walk(units_of(len), t);
     var s = vec4<f32>(0.0);
     var hi = 0u;          // largest |g| bits seen
     var lo = 0xffffffffu; // smallest |g| bits - 1 seen (zero wraps to the top)
-    var u = t;
-    for (; u + (LANES - 1u) * WG < units; u += LANES * WG) {
+    var u = w.first;
+    for (; u + (LANES - 1u) * TEAM < w.end; u += LANES * TEAM) {
         let a0 = abs2(unit_bits(start, len, u));
-        let a1 = abs2(unit_bits(start, len, u + WG));
-        let a2 = abs2(unit_bits(start, len, u + 2u * WG));
-        let a3 = abs2(unit_bits(start, len, u + 3u * WG));
+        let a1 = abs2(unit_bits(start, len, u + TEAM));
+        let a2 = abs2(unit_bits(start, len, u + 2u * TEAM));
+        let a3 = abs2(unit_bits(start, len, u + 3u * TEAM));
         let y0 = bitcast<vec2<f32>>(a0);
         let y1 = bitcast<vec2<f32>>(a1);
         let y2 = bitcast<vec2<f32>>(a2);
@@ -148,7 +150,7 @@ fn l2_units(start: u32, len: u32, t: u32) -> Partial {
             lo = min(lo, n.y);
         }
     }
-    for (; u < units; u += WG) {
+    for (; u < w.end; u += TEAM) {
         let a = abs2(unit_bits(start, len, u));
         let y = bitcast<vec2<f32>>(a);
         s.x += y.x * y.x;
@@ -168,17 +170,17 @@ fn l2_units(start: u32, len: u32, t: u32) -> Partial {
 
 // The largest |g| bits of invocation t's units, all elements included.
 fn max_units(start: u32, len: u32, t: u32) -> u32 {
-    let units = units_of(len);
+    let w = team_walk(units_of(len), t);
     var m = vec4<u32>(0u);
-    var u = t;
-    for (; u + (LANES - 1u) * WG < units; u += LANES * WG) {
+    var u = w.first;
+    for (; u + (LANES - 1u) * TEAM < w.end; u += LANES * TEAM) {
         let a0 = abs2(unit_bits(start, len, u));
-        let a1 = abs2(unit_bits(start, len, u + WG));
-        let a2 = abs2(unit_bits(start, len, u + 2u * WG));
-        let a3 = abs2(unit_bits(start, len, u + 3u * WG));
+        let a1 = abs2(unit_bits(start, len, u + TEAM));
+        let a2 = abs2(unit_bits(start, len, u + 2u * TEAM));
+        let a3 = abs2(unit_bits(start, len, u + 3u * TEAM));
         m = max(m, vec4(max(a0.x, a0.y), max(a1.x, a1.y), max(a2.x, a2.y), max(a3.x, a3.y)));
     }
-    for (; u < units; u += WG) {
+    for (; u < w.end; u += TEAM) {
         let a = abs2(unit_bits(start, len, u));
         m.x = max(m.x, max(a.x, a.y));
     }
@@ -221,20 +223,20 @@ fn p_units(start: u32, len: u32, t: u32) -> Partial {
     let p = cfg.p;
     let dm = decode(top);
     let lm = log2(dm.m);
-    let units = units_of(len);
+    let w = team_walk(units_of(len), t);
     var s = vec4<f32>(0.0);
-    var u = t;
-    for (; u + (LANES - 1u) * WG < units; u += LANES * WG) {
+    var u = w.first;
+    for (; u + (LANES - 1u) * TEAM < w.end; u += LANES * TEAM) {
         let a0 = abs2(unit_bits(start, len, u));
-        let a1 = abs2(unit_bits(start, len, u + WG));
-        let a2 = abs2(unit_bits(start, len, u + 2u * WG));
-        let a3 = abs2(unit_bits(start, len, u + 3u * WG));
+        let a1 = abs2(unit_bits(start, len, u + TEAM));
+        let a2 = abs2(unit_bits(start, len, u + 2u * TEAM));
+        let a3 = abs2(unit_bits(start, len, u + 3u * TEAM));
         s += vec4(p_term(a0.x, lm, dm.e, p), p_term(a1.x, lm, dm.e, p), p_term(a2.x, lm, dm.e, p), p_term(a3.x, lm, dm.e, p));
         if UNIT == 2u {
             s += vec4(p_term(a0.y, lm, dm.e, p), p_term(a1.y, lm, dm.e, p), p_term(a2.y, lm, dm.e, p), p_term(a3.y, lm, dm.e, p));
         }
     }
-    for (; u < units; u += WG) {
+    for (; u < w.end; u += TEAM) {
         let a = abs2(unit_bits(start, len, u));
         s.x += p_term(a.x, lm, dm.e, p);
         if UNIT == 2u {

@@ -122,3 +122,79 @@ fn a_subnormal_norm_is_reported_exactly() {
     }
     assert_no_wgpu_errors();
 }
+
+#[test]
+fn products_that_leave_the_normal_range_mid_run_are_exact() {
+    // The scale pass stores plain products while they are normal numbers
+    // and goes exact from the first block where one is not (a subnormal or
+    // flushed product): tiny gradients scattered through long runs, at the
+    // start, the middle and the end of invocations' walks, must come out
+    // as the exact product, and every other element exactly once scaled.
+    let sizes = [70_001usize, 3, 40_000, 129, 65_536];
+    let n: usize = sizes.iter().sum();
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut data: Vec<f32> = (0..n)
+        .map(|_| {
+            let r = next();
+            let v = 1.0 + (r >> 40) as f32 / (1u64 << 24) as f32;
+            if r & 1 == 0 {
+                v
+            } else {
+                -v
+            }
+        })
+        .collect();
+    // One tiny element in about 3000, a run of them, zeros of both signs.
+    for i in 0..n {
+        let r = next();
+        if r % 3000 == 0 {
+            let tiny = f32::from_bits(0x0080_0000 + (r >> 40) as u32 % 0x0100_0000);
+            data[i] = if r & 2 == 0 { tiny } else { -tiny };
+        } else if r % 3000 == 1 {
+            data[i] = f32::from_bits(1 + (r >> 44) as u32 % 0x007f_ffff); // subnormal g
+        } else if r % 3000 == 2 {
+            data[i] = if r & 2 == 0 { 0.0 } else { -0.0 };
+        }
+    }
+    data[0] = 3e-38;
+    data[n - 1] = -2e-38;
+    for x in &mut data[100_000..100_050] {
+        *x = 1.5e-38;
+    }
+    let norm = reference::norm(&data, Order::L2);
+    let (report, after) = run_clip(&data, &sizes, |set, enc| {
+        set.clip_norm(enc, &ClipNorm::new(0.25))
+    });
+    let report = report.unwrap();
+    assert!(rel_ok(report.total_norm as f64, norm, 1e-6));
+    let c = report.coefficient;
+    assert!(c > f32::MIN_POSITIVE && c < 1e-3, "coefficient {c}");
+    let mut subnormal = 0;
+    for (i, (&g, &got)) in data.iter().zip(&after).enumerate() {
+        // Two f32 factors: the f64 product is exact, `as f32` rounds once.
+        let want = (g as f64 * c as f64) as f32;
+        if want.is_subnormal() || (want == 0.0 && g != 0.0) {
+            subnormal += 1;
+            // Within one subnormal ulp, with the sign kept.
+            let diff = (got.to_bits() as i64 & 0x7fff_ffff) - (want.to_bits() as i64 & 0x7fff_ffff);
+            assert!(
+                diff.abs() <= 1 && got.is_sign_negative() == g.is_sign_negative(),
+                "element {i}: {g:e} * {c:e} gave {got:e}, want {want:e}"
+            );
+        } else {
+            assert_eq!(
+                got.to_bits(),
+                want.to_bits(),
+                "element {i}: {g:e} * {c:e} gave {got:e}, want {want:e}"
+            );
+        }
+    }
+    assert!(subnormal > 100, "only {subnormal} subnormal products");
+    assert_no_wgpu_errors();
+}
