@@ -16,8 +16,14 @@ use crate::records::{ClipConfig, TensorStat, WindowInfo, STATS_HEAD_SIZE};
 use crate::shaders::{self, PassModule};
 use crate::upload::Uploads;
 
-/// Largest workgroup size the passes use; WebGPU's default limit.
+/// Largest workgroup size the passes use on a GPU; WebGPU's default limit.
 const PREFERRED_WORKGROUP_SIZE: u32 = 256;
+/// Workgroup size on CPU adapters (lavapipe, llvmpipe GL, SwiftShader,
+/// WARP). They run a workgroup's SIMD groups one after another up to each
+/// barrier, so a barrier costs a switch per group: at 256 invocations the
+/// per-chunk folds' barriers took most of the reduce pass (examples/bench,
+/// docs/bench-cpu-drivers.md). 32 is the smallest size the folds take.
+const CPU_WORKGROUP_SIZE: u32 = MIN_WORKGROUP_SIZE;
 /// Workgroup memory of the reduce pass that does not scale with the
 /// workgroup size (reduce.wgsl: long_list, long_count, long_n).
 const REDUCE_FIXED_WORKGROUP_BYTES: u32 = 4 * (128 + 2);
@@ -99,9 +105,14 @@ fn check_limit(what: &'static str, have: u64, need: u64) -> Result<()> {
     Ok(())
 }
 
-/// The largest power-of-two workgroup size the device allows, up to 256.
-fn workgroup_size(limits: &wgpu::Limits) -> Result<u32> {
-    let cap = PREFERRED_WORKGROUP_SIZE
+/// The largest power-of-two workgroup size the device allows, up to 256
+/// (32 on a CPU adapter).
+fn workgroup_size(limits: &wgpu::Limits, device_type: wgpu::DeviceType) -> Result<u32> {
+    let preferred = match device_type {
+        wgpu::DeviceType::Cpu => CPU_WORKGROUP_SIZE,
+        _ => PREFERRED_WORKGROUP_SIZE,
+    };
+    let cap = preferred
         .min(limits.max_compute_invocations_per_workgroup)
         .min(limits.max_compute_workgroup_size_x);
     // Workgroup memory: one vec3<f32> (16-byte stride) and one u32 per
@@ -113,6 +124,21 @@ fn workgroup_size(limits: &wgpu::Limits) -> Result<u32> {
     let size = 1u32 << (31 - cap.min(by_memory).max(1).leading_zeros());
     check_limit("max workgroup size", size as u64, MIN_WORKGROUP_SIZE as u64)?;
     Ok(size)
+}
+
+/// The device's adapter type. The browser's WebGPU may not expose the
+/// adapter behind a device (GPUDevice.adapterInfo is recent), so there it
+/// counts as a GPU.
+fn device_type(device: &wgpu::Device) -> wgpu::DeviceType {
+    #[cfg(target_arch = "wasm32")]
+    {
+        let _ = device;
+        wgpu::DeviceType::Other
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        device.adapter_info().device_type
+    }
 }
 
 /// A compute-visible storage buffer entry of a bind group layout.
@@ -190,7 +216,7 @@ impl Clipper {
             limits.max_uniform_buffers_per_shader_stage as u64,
             2,
         )?;
-        let workgroup_size = workgroup_size(&limits)?;
+        let workgroup_size = workgroup_size(&limits, device_type(device))?;
 
         let catch = Catch::begin(device);
         let bind_group_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
@@ -282,7 +308,11 @@ impl Clipper {
         self.inner.f16_path
     }
 
-    /// Invocations per workgroup of every pass on this device.
+    /// Invocations per workgroup of every pass on this device: the largest
+    /// power of two up to 256 that the limits allow, or 32 on a CPU adapter
+    /// (lavapipe, llvmpipe, SwiftShader), where each barrier costs a switch
+    /// per SIMD group. The order of the sums follows it, so results repeat
+    /// bit for bit on one adapter, not between adapters of different types.
     pub fn workgroup_size(&self) -> u32 {
         self.inner.workgroup_size
     }
