@@ -151,15 +151,15 @@ fn products_that_leave_the_normal_range_mid_run_are_exact() {
         })
         .collect();
     // One tiny element in about 3000, a run of them, zeros of both signs.
-    for i in 0..n {
+    for x in &mut data {
         let r = next();
         if r % 3000 == 0 {
             let tiny = f32::from_bits(0x0080_0000 + (r >> 40) as u32 % 0x0100_0000);
-            data[i] = if r & 2 == 0 { tiny } else { -tiny };
+            *x = if r & 2 == 0 { tiny } else { -tiny };
         } else if r % 3000 == 1 {
-            data[i] = f32::from_bits(1 + (r >> 44) as u32 % 0x007f_ffff); // subnormal g
+            *x = f32::from_bits(1 + (r >> 44) as u32 % 0x007f_ffff); // subnormal g
         } else if r % 3000 == 2 {
-            data[i] = if r & 2 == 0 { 0.0 } else { -0.0 };
+            *x = if r & 2 == 0 { 0.0 } else { -0.0 };
         }
     }
     data[0] = 3e-38;
