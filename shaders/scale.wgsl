@@ -43,15 +43,50 @@ fn clamped(g: f32, lo: i32, hi: i32) -> f32 {
     return g;
 }
 
+// LANES (4) units of a run, TEAM units apart: what one invocation loads
+// before it stores any (a store may alias a later load, so the compiler
+// cannot hoist loads above it).
+struct Block {
+    u0: vec2<f32>,
+    u1: vec2<f32>,
+    u2: vec2<f32>,
+    u3: vec2<f32>,
+}
+
+// The block whose first unit starts at element j (s = TEAM * UNIT).
+fn load_block(j: u32, s: u32) -> Block {
+    return Block(
+        bitcast<vec2<f32>>(load_unit(j)),
+        bitcast<vec2<f32>>(load_unit(j + s)),
+        bitcast<vec2<f32>>(load_unit(j + 2u * s)),
+        bitcast<vec2<f32>>(load_unit(j + 3u * s)),
+    );
+}
+
+// Stores a block loaded by load_block(j, s); its last unit has n3 elements
+// (only a run's last unit can be short, and only the last unit of a block
+// can be a run's last).
+fn store_block(j: u32, s: u32, n3: u32, b: Block) {
+    store_unit(j, UNIT, b.u0);
+    store_unit(j + s, UNIT, b.u1);
+    store_unit(j + 2u * s, UNIT, b.u2);
+    store_unit(j + 3u * s, n3, b.u3);
+}
+
+// A unit's elements through scaled().
+fn scaled_unit(g: vec2<f32>, kind: u32, fast: f32, m: f32, e: i32) -> vec2<f32> {
+    return vec2(scaled(g.x, kind, fast, m, e), scaled(g.y, kind, fast, m, e));
+}
+
 // Whether the plain products r = g * fast of a block are what
 // clip_mul_exact gives: each a normal number (exponent field neither 0 nor
 // 255), or the signed zero of a zero g times a normal factor (zeros are
 // common in gradients; a NaN or zero factor makes fast 0). `fast_ok`: fast
 // is not 0.
-fn products_exact(g0: vec2<f32>, g1: vec2<f32>, g2: vec2<f32>, g3: vec2<f32>, r0: vec2<f32>, r1: vec2<f32>, r2: vec2<f32>, r3: vec2<f32>, fast_ok: bool) -> bool {
-    var ok = exact4(vec4(g0.x, g1.x, g2.x, g3.x), vec4(r0.x, r1.x, r2.x, r3.x), fast_ok);
+fn products_exact(g: Block, r: Block, fast_ok: bool) -> bool {
+    var ok = exact4(vec4(g.u0.x, g.u1.x, g.u2.x, g.u3.x), vec4(r.u0.x, r.u1.x, r.u2.x, r.u3.x), fast_ok);
     if UNIT == 2u {
-        ok = ok && exact4(vec4(g0.y, g1.y, g2.y, g3.y), vec4(r0.y, r1.y, r2.y, r3.y), fast_ok);
+        ok = ok && exact4(vec4(g.u0.y, g.u1.y, g.u2.y, g.u3.y), vec4(r.u0.y, r.u1.y, r.u2.y, r.u3.y), fast_ok);
     }
     return ok;
 }
@@ -64,14 +99,13 @@ fn exact4(g: vec4<f32>, r: vec4<f32>, fast_ok: bool) -> bool {
 }
 
 // Invocation t's units of the run [start, start + len) (its team's piece,
-// team_walk), LANES units loaded before any is stored (a store may alias a
-// later load, so the compiler cannot hoist loads above it). A multiply
-// stores plain products while products_exact holds; from the first block
-// where it does not, every element goes through scaled() (clip_mul_exact).
-// Separate loops rather than a branch per block: SIMD CPU drivers
-// (SwiftShader) run a branch's body under a lane mask even when no lane
-// takes it, so an exact path inside the fast loop cost its full price on
-// every block; a loop nobody enters costs one masked pass of its body.
+// team_walk), a Block at a time, then the rest one unit at a time. A
+// multiply stores plain products while products_exact holds; from the
+// first block where it does not, every element goes through scaled()
+// (clip_mul_exact). Separate loops rather than a branch per block: SIMD CPU
+// drivers (SwiftShader) run a branch's body under a lane mask even when no
+// lane takes it, so an exact path inside the fast loop cost its full price
+// on every block; a loop nobody enters costs one masked pass of its body.
 fn scale_run(start: u32, len: u32, t: u32, kind: u32, fast: f32, m: f32, e: i32) {
     let units = (len + UNIT - 1u) / UNIT;
     let w = team_walk(units, t);
@@ -81,41 +115,28 @@ fn scale_run(start: u32, len: u32, t: u32, kind: u32, fast: f32, m: f32, e: i32)
         let fast_ok = bitcast<u32>(fast) != 0u;
         for (; u + 3u * TEAM < w.end; u += 4u * TEAM) {
             let j = start + u * UNIT;
-            let g0 = bitcast<vec2<f32>>(load_unit(j));
-            let g1 = bitcast<vec2<f32>>(load_unit(j + s));
-            let g2 = bitcast<vec2<f32>>(load_unit(j + 2u * s));
-            let g3 = bitcast<vec2<f32>>(load_unit(j + 3u * s));
-            let r0 = g0 * fast;
-            let r1 = g1 * fast;
-            let r2 = g2 * fast;
-            let r3 = g3 * fast;
-            if !products_exact(g0, g1, g2, g3, r0, r1, r2, r3, fast_ok) {
+            let g = load_block(j, s);
+            let r = Block(g.u0 * fast, g.u1 * fast, g.u2 * fast, g.u3 * fast);
+            if !products_exact(g, r, fast_ok) {
                 break;
             }
-            // Only the run's last unit can be short, and it is unit units - 1.
-            let n3 = min(UNIT, len - (u + 3u * TEAM) * UNIT);
-            store_unit(j, UNIT, r0);
-            store_unit(j + s, UNIT, r1);
-            store_unit(j + 2u * s, UNIT, r2);
-            store_unit(j + 3u * s, n3, r3);
+            store_block(j, s, min(UNIT, len - (u + 3u * TEAM) * UNIT), r);
         }
     }
     for (; u + 3u * TEAM < w.end; u += 4u * TEAM) {
         let j = start + u * UNIT;
-        let g0 = bitcast<vec2<f32>>(load_unit(j));
-        let g1 = bitcast<vec2<f32>>(load_unit(j + s));
-        let g2 = bitcast<vec2<f32>>(load_unit(j + 2u * s));
-        let g3 = bitcast<vec2<f32>>(load_unit(j + 3u * s));
-        let n3 = min(UNIT, len - (u + 3u * TEAM) * UNIT);
-        store_unit(j, UNIT, vec2(scaled(g0.x, kind, fast, m, e), scaled(g0.y, kind, fast, m, e)));
-        store_unit(j + s, UNIT, vec2(scaled(g1.x, kind, fast, m, e), scaled(g1.y, kind, fast, m, e)));
-        store_unit(j + 2u * s, UNIT, vec2(scaled(g2.x, kind, fast, m, e), scaled(g2.y, kind, fast, m, e)));
-        store_unit(j + 3u * s, n3, vec2(scaled(g3.x, kind, fast, m, e), scaled(g3.y, kind, fast, m, e)));
+        let g = load_block(j, s);
+        let r = Block(
+            scaled_unit(g.u0, kind, fast, m, e),
+            scaled_unit(g.u1, kind, fast, m, e),
+            scaled_unit(g.u2, kind, fast, m, e),
+            scaled_unit(g.u3, kind, fast, m, e),
+        );
+        store_block(j, s, min(UNIT, len - (u + 3u * TEAM) * UNIT), r);
     }
     for (; u < w.end; u += TEAM) {
         let j = start + u * UNIT;
-        let g = bitcast<vec2<f32>>(load_unit(j));
-        store_unit(j, min(UNIT, len - u * UNIT), vec2(scaled(g.x, kind, fast, m, e), scaled(g.y, kind, fast, m, e)));
+        store_unit(j, min(UNIT, len - u * UNIT), scaled_unit(bitcast<vec2<f32>>(load_unit(j)), kind, fast, m, e));
     }
 }
 
