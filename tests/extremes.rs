@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::adaptive_reference::Rng;
 use common::reference::{self, assert_close, Order};
 use common::{assert_no_wgpu_errors, download, gpu, run_clip};
 use gradclip::{ClipNorm, Error, GradLayout, Norm};
@@ -132,16 +133,10 @@ fn products_that_leave_the_normal_range_mid_run_are_exact() {
     // as the exact product, and every other element exactly once scaled.
     let sizes = [70_001usize, 3, 40_000, 129, 65_536];
     let n: usize = sizes.iter().sum();
-    let mut state = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut rng = Rng::new(0x2545_f491_4f6c_dd1d);
     let mut data: Vec<f32> = (0..n)
         .map(|_| {
-            let r = next();
+            let r = rng.next_u64();
             let v = 1.0 + (r >> 40) as f32 / (1u64 << 24) as f32;
             if r & 1 == 0 {
                 v
@@ -152,8 +147,8 @@ fn products_that_leave_the_normal_range_mid_run_are_exact() {
         .collect();
     // One tiny element in about 3000, a run of them, zeros of both signs.
     for x in &mut data {
-        let r = next();
-        if r % 3000 == 0 {
+        let r = rng.next_u64();
+        if r.is_multiple_of(3000) {
             let tiny = f32::from_bits(0x0080_0000 + (r >> 40) as u32 % 0x0100_0000);
             *x = if r & 2 == 0 { tiny } else { -tiny };
         } else if r % 3000 == 1 {
