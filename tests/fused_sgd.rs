@@ -50,6 +50,17 @@ fn model(params: &[f32], grads: &[f32], sizes: &[usize], flags: u32) -> Model {
     }
 }
 
+/// Two models on the same parameters and step-0 gradients, both skipping
+/// non-finite steps: `fused` multiplies by the coefficient on load, `plain`
+/// steps on gradients clipped in place.
+fn skipping_pair(params: &[f32], sizes: &[usize]) -> (Model, Model) {
+    let grads = gradients(params.len(), 0);
+    (
+        model(params, &grads, sizes, APPLY_COEFFICIENT | SKIP_NONFINITE),
+        model(params, &grads, sizes, SKIP_NONFINITE),
+    )
+}
+
 fn gradients(n: usize, step: usize) -> Vec<f32> {
     (0..n)
         .map(|i| (((i * 31 + step * 17) % 97) as f32 - 48.0) * 0.02 * (step + 1) as f32)
@@ -188,13 +199,7 @@ fn fused_amp_step_equals_unscaling_clip_then_step() {
     let scaler = gradclip::LossScaler::new()
         .init_scale(1024.0)
         .growth_interval(2);
-    let fused = model(
-        &params,
-        &gradients(n, 0),
-        &sizes,
-        APPLY_COEFFICIENT | SKIP_NONFINITE,
-    );
-    let plain = model(&params, &gradients(n, 0), &sizes, SKIP_NONFINITE);
+    let (fused, plain) = skipping_pair(&params, &sizes);
     fused.set.set_loss_scaler(&scaler).unwrap();
     plain.set.set_loss_scaler(&scaler).unwrap();
     for step in 0..6 {
@@ -250,13 +255,7 @@ fn fused_step_after_an_adaptive_threshold_equals_adaptive_clip_then_step() {
         gradclip::AutoClip::new(50.0).into(),
     ];
     for (method, unscale) in methods.iter().flat_map(|&m| [(m, false), (m, true)]) {
-        let fused = model(
-            &params,
-            &gradients(n, 0),
-            &sizes,
-            APPLY_COEFFICIENT | SKIP_NONFINITE,
-        );
-        let plain = model(&params, &gradients(n, 0), &sizes, SKIP_NONFINITE);
+        let (fused, plain) = skipping_pair(&params, &sizes);
         let fused_clip = gradclip::AdaptiveClip::new(&fused.set, method).unwrap();
         let plain_clip = gradclip::AdaptiveClip::new(&plain.set, method).unwrap();
         let clip = ClipNorm::new(1.0).unscale(unscale);
