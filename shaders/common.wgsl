@@ -206,9 +206,9 @@ fn stride_workgroups() -> u32 {
     return select(win.flat_workgroups, win.workgroups, scale_by_tensor());
 }
 
-// Invocations of a team: the passes cut each run of units into WG / TEAM
+// Invocations of a team: the passes cut each run's inner quads into WG / TEAM
 // contiguous pieces, one per team of TEAM neighbouring invocations, which
-// read it in turns (lane l of a team takes units l, l + TEAM, ...). Loads of
+// read it in turns (lane l of a team takes quads l, l + TEAM, ...). Loads of
 // neighbouring invocations stay neighbours, as GPUs want, while each team
 // streams one contiguous piece: CPU drivers run a SIMD group's invocations
 // (8 on lavapipe, 4 on SwiftShader) to the next barrier before starting the
@@ -217,18 +217,50 @@ fn stride_workgroups() -> u32 {
 // host picks (a power of two, at least 32).
 const TEAM: u32 = 8u;
 
-// Invocation t's units of a run of `units`: the first one, and the end of
-// its team's piece (the walk's stride is TEAM).
+// Invocation t's quads of a run of `quads` quads: the first one, and the
+// end of its team's piece (the walk's stride is TEAM).
 struct TeamWalk {
     first: u32,
     end: u32,
 }
 
-fn team_walk(units: u32, t: u32) -> TeamWalk {
+fn team_walk(quads: u32, t: u32) -> TeamWalk {
     let teams = WG / TEAM;
-    let per = ((units + teams - 1u) / teams + TEAM - 1u) / TEAM * TEAM;
-    let begin = min((t / TEAM) * per, units);
-    return TeamWalk(begin + t % TEAM, min(begin + per, units));
+    let per = ((quads + teams - 1u) / teams + TEAM - 1u) / TEAM * TEAM;
+    let begin = min((t / TEAM) * per, quads);
+    return TeamWalk(begin + t % TEAM, min(begin + per, quads));
+}
+
+// A run of window elements [start, end) (a chunk or a segment) as the
+// element files' quads (elements 4q .. 4q + 3 of the window): the quads
+// wholly inside it, [inner.x, inner.y), which the passes walk with
+// team_walk, and its edge quads (the first and last, when it starts or
+// ends inside one), which it shares with the runs beside it.
+struct Run {
+    start: u32,
+    end: u32,
+    inner: vec2<u32>,
+}
+
+fn run_of(start: u32, len: u32) -> Run {
+    let end = start + len;
+    let first = (start + 3u) / 4u;
+    return Run(start, end, vec2(first, max(first, end / 4u)));
+}
+
+// Edge quad k of run r (0: the quad the run starts inside, 1: the one it
+// ends inside, when that is another quad), and whether the run has it.
+struct Edge {
+    q: u32,
+    has: bool,
+}
+
+fn edge(r: Run, k: u32) -> Edge {
+    if k == 0u {
+        return Edge(r.start / 4u, r.start % 4u != 0u);
+    }
+    let q = r.end / 4u;
+    return Edge(q, r.end % 4u != 0u && q >= r.inner.x);
 }
 
 // Bits of a non-finite element, as FLAG_* bits; 0 for finite ones.

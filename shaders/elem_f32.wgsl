@@ -1,20 +1,33 @@
-// Element access for f32 gradients: one element per invocation step.
-// Every element file defines the gradients binding and:
-//   UNIT           elements one invocation handles per step (1, or 2 for every 16-bit path,
-//                  so that native and packed f16 walk the elements alike);
-//   load_unit(j)   f32 bits of elements j and j + 1 (window-relative), decoded exactly;
-//                  .y is meaningful only when UNIT == 2 and j + 1 is inside the chunk;
-//   store_unit(j, n, v)  writes the first n (1 or UNIT) of v back in the element type.
+// Element access for f32 gradients whose window binding is a whole number
+// of 16-byte quads (the host rounds a window up to one when its buffer has
+// the bytes, and takes elem_f32_unaligned.wgsl where it has not): one vec4
+// load or store per quad.
+//
+// Every element file defines the gradients binding and, for quad q
+// (window elements 4q .. 4q + 3; a window starts on a storage offset
+// alignment, so quads are 16-byte aligned in f32 and 8-byte aligned in
+// 16-bit types whatever a tensor's offset):
+//   load_quad(q)           the f32 bits of its four elements, decoded exactly;
+//                          elements past the binding's end read as anything
+//                          (the passes ignore elements outside their run);
+//   store_quad(q, v)       writes all four, in the element type;
+//   store_element(q, k, x) writes element k alone. Other invocations may be
+//                          writing the quad's other elements at the same time
+//                          (a quad can hold the ends of two runs), so this
+//                          never writes memory of another run's element.
+// 16-bit types are rounded to nearest even on the integer bits (half.wgsl).
 // The reduce and scale passes are written once against these.
 
-@group(0) @binding(0) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(0) var<storage, read_write> grads: array<vec4<f32>>;
 
-const UNIT: u32 = 1u;
-
-fn load_unit(j: u32) -> vec2<u32> {
-    return vec2(bitcast<u32>(grads[j]), 0u);
+fn load_quad(q: u32) -> vec4<u32> {
+    return bitcast<vec4<u32>>(grads[q]);
 }
 
-fn store_unit(j: u32, n: u32, v: vec2<f32>) {
-    grads[j] = v.x;
+fn store_quad(q: u32, v: vec4<f32>) {
+    grads[q] = v;
+}
+
+fn store_element(q: u32, k: u32, x: f32) {
+    grads[q][k] = x;
 }

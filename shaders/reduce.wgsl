@@ -7,20 +7,22 @@
 // deterministic. The flat partials are computed the same way whether or not
 // per-tensor results are asked for, so asking cannot move the global norm.
 //
-// Every element path walks a chunk in the same units (one f32, or one pair
-// of 16-bit elements, whether loaded as one u32 word or as two f16s) and in
-// the same order: the run is cut into one contiguous piece per team
-// (team_walk), and lane l of a team takes units l, l + TEAM, l + 2 TEAM,
-// l + 3 TEAM of each block of LANES * TEAM units of its piece into LANES
-// accumulators (loads in flight), the rest one at a time. So native and
-// packed f16 give the same bits.
+// Every element path walks a run in the same quads (elem_f32.wgsl) and in
+// the same order, so native and packed f16 give the same bits, and so do
+// f32's vec4 and unaligned files. The quads wholly inside the run are cut
+// into one contiguous piece per team (team_walk), and lane l of a team
+// takes quads l, l + TEAM, l + 2 TEAM, l + 3 TEAM of each block of
+// LANES * TEAM quads of its piece into LANES accumulators (loads in
+// flight), the rest one at a time; lanes 0 and 1 also take the run's edge
+// quads (which it starts or ends inside), with the elements of other runs
+// read as zeros, which no reduction counts.
 
 // Blue's thresholds and scales for f32 (Anderson 2017, adapted so that no
 // single square exceeds 2^88 and a bin holds 2^40 of them without overflow).
 const TSML_BITS: u32 = 0x20000000u; // 2^-63: below, scale up by 2^86
 const TBIG_BITS: u32 = 0x55800000u; // 2^44: at or above, scale down by 2^-84
 
-// Units each invocation loads per step of the main loop.
+// Quads each invocation loads per step of the main loop.
 const LANES: u32 = 4u;
 // Segments up to this many elements are folded by one invocation alone;
 // longer ones by the whole workgroup.
@@ -86,115 +88,125 @@ fn add_element(kind: u32, acc: ptr<function, vec3<f32>>, flags: ptr<function, u3
     }
 }
 
-// The f32 bits of unit u of the run [start, start + len): both elements,
-// the second 0 (which no reduction counts) where the run has none.
-fn unit_bits(start: u32, len: u32, u: u32) -> vec2<u32> {
-    let i = u * UNIT;
-    let b = load_unit(start + i);
-    return vec2(b.x, select(0u, b.y, UNIT == 2u && i + 1u < len));
+// Quad q's bits, with the elements outside run r as zeros.
+fn quad_in(q: u32, r: Run) -> vec4<u32> {
+    let i = vec4(4u * q) + vec4(0u, 1u, 2u, 3u);
+    let inside = (i >= vec4(r.start)) & (i < vec4(r.end));
+    return select(vec4(0u), load_quad(q), inside);
 }
 
-// Units of a run of len elements.
-fn units_of(len: u32) -> u32 {
-    return (len + UNIT - 1u) / UNIT;
+// Invocation t's edge quad (lanes 0 and 1; zeros for the others and for
+// an edge the run does not have).
+fn edge_bits(r: Run, t: u32) -> vec4<u32> {
+    if t < 2u {
+        let e = edge(r, t);
+        if e.has {
+            return quad_in(e.q, r);
+        }
+    }
+    return vec4(0u);
 }
 
-// The exact fold of invocation t's units of the run, element by element in
-// the walk's order: Blue's bins, the max's bits, or the scaled p-sum, with
-// the FLAG_* bits. The slow path, for what the fast paths cannot take.
-fn exact_units(start: u32, len: u32, t: u32, kind: u32) -> Partial {
+fn add_quad(kind: u32, acc: ptr<function, vec3<f32>>, flags: ptr<function, u32>, b: vec4<u32>) {
+    add_element(kind, acc, flags, b.x);
+    add_element(kind, acc, flags, b.y);
+    add_element(kind, acc, flags, b.z);
+    add_element(kind, acc, flags, b.w);
+}
+
+// The exact fold of invocation t's quads of run r, element by element:
+// Blue's bins, the max's bits, or the scaled p-sum, with the FLAG_* bits.
+// The slow path, for what the fast paths cannot take.
+fn exact_quads(r: Run, t: u32, kind: u32) -> Partial {
     var acc = vec3<f32>(0.0);
     var flags = 0u;
-    let w = team_walk(units_of(len), t);
+    add_quad(kind, &acc, &flags, edge_bits(r, t));
+    let w = team_walk(r.inner.y - r.inner.x, t);
     for (var u = w.first; u < w.end; u += TEAM) {
-        let b = unit_bits(start, len, u);
-        add_element(kind, &acc, &flags, b.x);
-        add_element(kind, &acc, &flags, b.y);
+        add_quad(kind, &acc, &flags, load_quad(r.inner.x + u));
     }
     return Partial(acc, flags);
 }
 
-// |g| bits of a unit's two elements.
-fn abs2(b: vec2<u32>) -> vec2<u32> {
-    return b & vec2(ABS_MASK);
-}
-
-// L2 of invocation t's units. Fast path: plain squares in LANES
+// L2 of invocation t's quads of run r. Fast path: plain squares in LANES
 // accumulators while the exponent bits show every element in Blue's medium
 // band [2^-63, 2^44) or zero, which is exactly what Blue's medium bin adds;
-// an invocation that met any other element redoes its units exactly.
-fn l2_units(start: u32, len: u32, t: u32) -> Partial {
-    let w = team_walk(units_of(len), t);
-    var s = vec4<f32>(0.0);
-    var hi = 0u;          // largest |g| bits seen
-    var lo = 0xffffffffu; // smallest |g| bits - 1 seen (zero wraps to the top)
+// an invocation that met any other element redoes its quads exactly.
+fn l2_quads(r: Run, t: u32) -> Partial {
+    let w = team_walk(r.inner.y - r.inner.x, t);
+    let ae = edge_bits(r, t) & vec4(ABS_MASK);
+    let ye = bitcast<vec4<f32>>(ae);
+    var s0 = ye * ye;
+    var s1 = vec4<f32>(0.0);
+    var s2 = vec4<f32>(0.0);
+    var s3 = vec4<f32>(0.0);
+    var hi = ae;          // largest |g| bits seen
+    var lo = ae - 1u;     // smallest |g| bits - 1 seen (zero wraps to the top)
     var u = w.first;
     for (; u + (LANES - 1u) * TEAM < w.end; u += LANES * TEAM) {
-        let a0 = abs2(unit_bits(start, len, u));
-        let a1 = abs2(unit_bits(start, len, u + TEAM));
-        let a2 = abs2(unit_bits(start, len, u + 2u * TEAM));
-        let a3 = abs2(unit_bits(start, len, u + 3u * TEAM));
-        let y0 = bitcast<vec2<f32>>(a0);
-        let y1 = bitcast<vec2<f32>>(a1);
-        let y2 = bitcast<vec2<f32>>(a2);
-        let y3 = bitcast<vec2<f32>>(a3);
-        s += vec4(y0.x * y0.x, y1.x * y1.x, y2.x * y2.x, y3.x * y3.x);
-        let m = max(max(a0, a1), max(a2, a3));
-        let n = min(min(a0 - 1u, a1 - 1u), min(a2 - 1u, a3 - 1u));
-        hi = max(hi, m.x);
-        lo = min(lo, n.x);
-        // A constant condition: f32 units have no second element to add.
-        if UNIT == 2u {
-            s += vec4(y0.y * y0.y, y1.y * y1.y, y2.y * y2.y, y3.y * y3.y);
-            hi = max(hi, m.y);
-            lo = min(lo, n.y);
-        }
+        let q = r.inner.x + u;
+        let a0 = load_quad(q) & vec4(ABS_MASK);
+        let a1 = load_quad(q + TEAM) & vec4(ABS_MASK);
+        let a2 = load_quad(q + 2u * TEAM) & vec4(ABS_MASK);
+        let a3 = load_quad(q + 3u * TEAM) & vec4(ABS_MASK);
+        let y0 = bitcast<vec4<f32>>(a0);
+        let y1 = bitcast<vec4<f32>>(a1);
+        let y2 = bitcast<vec4<f32>>(a2);
+        let y3 = bitcast<vec4<f32>>(a3);
+        s0 += y0 * y0;
+        s1 += y1 * y1;
+        s2 += y2 * y2;
+        s3 += y3 * y3;
+        hi = max(hi, max(max(a0, a1), max(a2, a3)));
+        lo = min(lo, min(min(a0 - 1u, a1 - 1u), min(a2 - 1u, a3 - 1u)));
     }
     for (; u < w.end; u += TEAM) {
-        let a = abs2(unit_bits(start, len, u));
-        let y = bitcast<vec2<f32>>(a);
-        s.x += y.x * y.x;
-        hi = max(hi, a.x);
-        lo = min(lo, a.x - 1u);
-        if UNIT == 2u {
-            s.x += y.y * y.y;
-            hi = max(hi, a.y);
-            lo = min(lo, a.y - 1u);
-        }
+        let a = load_quad(r.inner.x + u) & vec4(ABS_MASK);
+        let y = bitcast<vec4<f32>>(a);
+        s0 += y * y;
+        hi = max(hi, a);
+        lo = min(lo, a - 1u);
     }
-    if hi < TBIG_BITS && lo >= TSML_BITS - 1u {
-        return Partial(vec3(0.0, (s.x + s.y) + (s.z + s.w), 0.0), 0u);
+    let h = max(max(hi.x, hi.y), max(hi.z, hi.w));
+    let l = min(min(lo.x, lo.y), min(lo.z, lo.w));
+    if h < TBIG_BITS && l >= TSML_BITS - 1u {
+        let v = (s0 + s1) + (s2 + s3);
+        return Partial(vec3(0.0, (v.x + v.y) + (v.z + v.w), 0.0), 0u);
     }
-    return exact_units(start, len, t, 0u);
+    return exact_quads(r, t, 0u);
 }
 
-// The largest |g| bits of invocation t's units, all elements included.
-fn max_units(start: u32, len: u32, t: u32) -> u32 {
-    let w = team_walk(units_of(len), t);
-    var m = vec4<u32>(0u);
+fn max4(a: vec4<u32>) -> u32 {
+    return max(max(a.x, a.y), max(a.z, a.w));
+}
+
+// The largest |g| bits of invocation t's quads of run r.
+fn max_quads(r: Run, t: u32) -> u32 {
+    let w = team_walk(r.inner.y - r.inner.x, t);
+    var m = edge_bits(r, t) & vec4(ABS_MASK);
     var u = w.first;
     for (; u + (LANES - 1u) * TEAM < w.end; u += LANES * TEAM) {
-        let a0 = abs2(unit_bits(start, len, u));
-        let a1 = abs2(unit_bits(start, len, u + TEAM));
-        let a2 = abs2(unit_bits(start, len, u + 2u * TEAM));
-        let a3 = abs2(unit_bits(start, len, u + 3u * TEAM));
-        m = max(m, vec4(max(a0.x, a0.y), max(a1.x, a1.y), max(a2.x, a2.y), max(a3.x, a3.y)));
+        let q = r.inner.x + u;
+        let a0 = load_quad(q) & vec4(ABS_MASK);
+        let a1 = load_quad(q + TEAM) & vec4(ABS_MASK);
+        let a2 = load_quad(q + 2u * TEAM) & vec4(ABS_MASK);
+        let a3 = load_quad(q + 3u * TEAM) & vec4(ABS_MASK);
+        m = max(m, max(max(a0, a1), max(a2, a3)));
     }
     for (; u < w.end; u += TEAM) {
-        let a = abs2(unit_bits(start, len, u));
-        m.x = max(m.x, max(a.x, a.y));
+        m = max(m, load_quad(r.inner.x + u) & vec4(ABS_MASK));
     }
-    return max(max(m.x, m.y), max(m.z, m.w));
+    return max4(m);
 }
 
-// Inf of invocation t's units: the max of the bits, exact as it is; the
+// Inf of invocation t's quads: the max of the bits, exact as it is; the
 // element-wise path only to sort out the flags of non-finite elements.
-fn inf_units(start: u32, len: u32, t: u32) -> Partial {
-    let best = max_units(start, len, t);
+fn inf_quads(r: Run, t: u32) -> Partial {
+    let best = max_quads(r, t);
     if best < EXP_MASK {
         return Partial(vec3(bitcast<f32>(best), 0.0, 0.0), 0u);
     }
-    return exact_units(start, len, t, 1u);
+    return exact_quads(r, t, 1u);
 }
 
 // |g|^p relative to the largest element mx = m * 2^e (log2_m = log2(m)):
@@ -208,14 +220,18 @@ fn p_term(a: u32, log2_m: f32, e: i32, p: f32) -> f32 {
     return exp2(p * ((log2(d.m) - log2_m) + f32(d.e - e)));
 }
 
-// General p of invocation t's units: the largest element first (one cheap
-// pass over units that the second pass finds in cache), then every term
+fn p_terms(a: vec4<u32>, log2_m: f32, e: i32, p: f32) -> vec4<f32> {
+    return vec4(p_term(a.x, log2_m, e, p), p_term(a.y, log2_m, e, p), p_term(a.z, log2_m, e, p), p_term(a.w, log2_m, e, p));
+}
+
+// General p of invocation t's quads: the largest element first (one cheap
+// pass over quads that the second pass finds in cache), then every term
 // relative to it, so each element costs one log2 and one exp2 and the sum
 // never over- or underflows: s >= 1 (the largest element's own term).
-fn p_units(start: u32, len: u32, t: u32) -> Partial {
-    let top = max_units(start, len, t);
+fn p_quads(r: Run, t: u32) -> Partial {
+    let top = max_quads(r, t);
     if top >= EXP_MASK {
-        return exact_units(start, len, t, 2u);
+        return exact_quads(r, t, 2u);
     }
     if top == 0u {
         return Partial(vec3(0.0), 0u);
@@ -223,40 +239,38 @@ fn p_units(start: u32, len: u32, t: u32) -> Partial {
     let p = cfg.p;
     let dm = decode(top);
     let lm = log2(dm.m);
-    let w = team_walk(units_of(len), t);
-    var s = vec4<f32>(0.0);
+    let w = team_walk(r.inner.y - r.inner.x, t);
+    var s0 = p_terms(edge_bits(r, t) & vec4(ABS_MASK), lm, dm.e, p);
+    var s1 = vec4<f32>(0.0);
+    var s2 = vec4<f32>(0.0);
+    var s3 = vec4<f32>(0.0);
     var u = w.first;
     for (; u + (LANES - 1u) * TEAM < w.end; u += LANES * TEAM) {
-        let a0 = abs2(unit_bits(start, len, u));
-        let a1 = abs2(unit_bits(start, len, u + TEAM));
-        let a2 = abs2(unit_bits(start, len, u + 2u * TEAM));
-        let a3 = abs2(unit_bits(start, len, u + 3u * TEAM));
-        s += vec4(p_term(a0.x, lm, dm.e, p), p_term(a1.x, lm, dm.e, p), p_term(a2.x, lm, dm.e, p), p_term(a3.x, lm, dm.e, p));
-        if UNIT == 2u {
-            s += vec4(p_term(a0.y, lm, dm.e, p), p_term(a1.y, lm, dm.e, p), p_term(a2.y, lm, dm.e, p), p_term(a3.y, lm, dm.e, p));
-        }
+        let q = r.inner.x + u;
+        s0 += p_terms(load_quad(q) & vec4(ABS_MASK), lm, dm.e, p);
+        s1 += p_terms(load_quad(q + TEAM) & vec4(ABS_MASK), lm, dm.e, p);
+        s2 += p_terms(load_quad(q + 2u * TEAM) & vec4(ABS_MASK), lm, dm.e, p);
+        s3 += p_terms(load_quad(q + 3u * TEAM) & vec4(ABS_MASK), lm, dm.e, p);
     }
     for (; u < w.end; u += TEAM) {
-        let a = abs2(unit_bits(start, len, u));
-        s.x += p_term(a.x, lm, dm.e, p);
-        if UNIT == 2u {
-            s.x += p_term(a.y, lm, dm.e, p);
-        }
+        s0 += p_terms(load_quad(r.inner.x + u) & vec4(ABS_MASK), lm, dm.e, p);
     }
-    return Partial(vec3((s.x + s.y) + (s.z + s.w), dm.m, f32(dm.e)), 0u);
+    let v = (s0 + s1) + (s2 + s3);
+    return Partial(vec3((v.x + v.y) + (v.z + v.w), dm.m, f32(dm.e)), 0u);
 }
 
 // Invocation t's share of the run [start, start + len) under the kind.
-fn thread_units(start: u32, len: u32, t: u32, kind: u32) -> Partial {
+fn thread_quads(start: u32, len: u32, t: u32, kind: u32) -> Partial {
+    let r = run_of(start, len);
     switch kind {
         case 0u: {
-            return l2_units(start, len, t);
+            return l2_quads(r, t);
         }
         case 1u: {
-            return inf_units(start, len, t);
+            return inf_quads(r, t);
         }
         default: {
-            return p_units(start, len, t);
+            return p_quads(r, t);
         }
     }
 }
@@ -264,7 +278,7 @@ fn thread_units(start: u32, len: u32, t: u32, kind: u32) -> Partial {
 // The whole workgroup's fold of a run, in wg_v[0] / wg_f[0] on return
 // (visible to every invocation). Called in uniform control flow.
 fn workgroup_fold(start: u32, len: u32, t: u32, kind: u32) {
-    let q = thread_units(start, len, t, kind);
+    let q = thread_quads(start, len, t, kind);
     wg_v[t] = q.v;
     wg_f[t] = q.flags;
     tree_reduce(t, kind);
@@ -272,12 +286,11 @@ fn workgroup_fold(start: u32, len: u32, t: u32, kind: u32) {
 
 // One invocation's fold of a short run, element by element.
 fn serial_fold(start: u32, len: u32, kind: u32) -> Partial {
+    let r = run_of(start, len);
     var acc = vec3<f32>(0.0);
     var flags = 0u;
-    for (var u = 0u; u < units_of(len); u++) {
-        let b = unit_bits(start, len, u);
-        add_element(kind, &acc, &flags, b.x);
-        add_element(kind, &acc, &flags, b.y);
+    for (var q = start / 4u; q < (r.end + 3u) / 4u; q++) {
+        add_quad(kind, &acc, &flags, quad_in(q, r));
     }
     return Partial(acc, flags);
 }

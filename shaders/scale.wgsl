@@ -1,7 +1,9 @@
 // Scale and clamp passes: one read and one write of each gradient element of
 // this window, in place. Elements are decoded to f32 by the element file,
 // transformed in f32 and encoded back in the element type (round to nearest
-// even for 16-bit types); invocations own whole units (storage words).
+// even for 16-bit types). Runs are walked in quads as the reduce pass walks
+// them (elem_f32.wgsl): the quads wholly inside a run are stored whole, the
+// edge quads it shares with its neighbours one element at a time.
 
 // g under a scale kind; for SCALE_MULTIPLY times the exact factor m * 2^e
 // (`fast` is clip_fast_factor(m, e)), so that a factor below
@@ -43,39 +45,54 @@ fn clamped(g: f32, lo: i32, hi: i32) -> f32 {
     return g;
 }
 
-// LANES (4) units of a run, TEAM units apart: what one invocation loads
-// before it stores any (a store may alias a later load, so the compiler
-// cannot hoist loads above it).
-struct Block {
-    u0: vec2<f32>,
-    u1: vec2<f32>,
-    u2: vec2<f32>,
-    u3: vec2<f32>,
+// Stores the elements of v that lie inside run r, alone: the rest of quad
+// q belongs to other runs, which other invocations may be writing.
+fn store_inside(q: u32, r: Run, v: vec4<f32>) {
+    let i = vec4(4u * q) + vec4(0u, 1u, 2u, 3u);
+    let inside = (i >= vec4(r.start)) & (i < vec4(r.end));
+    if inside.x {
+        store_element(q, 0u, v.x);
+    }
+    if inside.y {
+        store_element(q, 1u, v.y);
+    }
+    if inside.z {
+        store_element(q, 2u, v.z);
+    }
+    if inside.w {
+        store_element(q, 3u, v.w);
+    }
 }
 
-// The block whose first unit starts at element j (s = TEAM * UNIT).
-fn load_block(j: u32, s: u32) -> Block {
+// Four quads of a run, TEAM apart: what one invocation loads before it
+// stores any (a store may alias a later load, so the compiler cannot hoist
+// loads above it).
+struct Block {
+    q0: vec4<f32>,
+    q1: vec4<f32>,
+    q2: vec4<f32>,
+    q3: vec4<f32>,
+}
+
+fn load_block(q: u32) -> Block {
     return Block(
-        bitcast<vec2<f32>>(load_unit(j)),
-        bitcast<vec2<f32>>(load_unit(j + s)),
-        bitcast<vec2<f32>>(load_unit(j + 2u * s)),
-        bitcast<vec2<f32>>(load_unit(j + 3u * s)),
+        bitcast<vec4<f32>>(load_quad(q)),
+        bitcast<vec4<f32>>(load_quad(q + TEAM)),
+        bitcast<vec4<f32>>(load_quad(q + 2u * TEAM)),
+        bitcast<vec4<f32>>(load_quad(q + 3u * TEAM)),
     );
 }
 
-// Stores a block loaded by load_block(j, s); its last unit has n3 elements
-// (only a run's last unit can be short, and only the last unit of a block
-// can be a run's last).
-fn store_block(j: u32, s: u32, n3: u32, b: Block) {
-    store_unit(j, UNIT, b.u0);
-    store_unit(j + s, UNIT, b.u1);
-    store_unit(j + 2u * s, UNIT, b.u2);
-    store_unit(j + 3u * s, n3, b.u3);
+fn store_block(q: u32, b: Block) {
+    store_quad(q, b.q0);
+    store_quad(q + TEAM, b.q1);
+    store_quad(q + 2u * TEAM, b.q2);
+    store_quad(q + 3u * TEAM, b.q3);
 }
 
-// A unit's elements through scaled().
-fn scaled_unit(g: vec2<f32>, kind: u32, fast: f32, m: f32, e: i32) -> vec2<f32> {
-    return vec2(scaled(g.x, kind, fast, m, e), scaled(g.y, kind, fast, m, e));
+// A quad's elements through scaled().
+fn scaled_quad(g: vec4<f32>, kind: u32, fast: f32, m: f32, e: i32) -> vec4<f32> {
+    return vec4(scaled(g.x, kind, fast, m, e), scaled(g.y, kind, fast, m, e), scaled(g.z, kind, fast, m, e), scaled(g.w, kind, fast, m, e));
 }
 
 // Whether the plain products r = g * fast of a block are what
@@ -84,11 +101,7 @@ fn scaled_unit(g: vec2<f32>, kind: u32, fast: f32, m: f32, e: i32) -> vec2<f32> 
 // common in gradients; a NaN or zero factor makes fast 0). `fast_ok`: fast
 // is not 0.
 fn products_exact(g: Block, r: Block, fast_ok: bool) -> bool {
-    var ok = exact4(vec4(g.u0.x, g.u1.x, g.u2.x, g.u3.x), vec4(r.u0.x, r.u1.x, r.u2.x, r.u3.x), fast_ok);
-    if UNIT == 2u {
-        ok = ok && exact4(vec4(g.u0.y, g.u1.y, g.u2.y, g.u3.y), vec4(r.u0.y, r.u1.y, r.u2.y, r.u3.y), fast_ok);
-    }
-    return ok;
+    return exact4(g.q0, r.q0, fast_ok) && exact4(g.q1, r.q1, fast_ok) && exact4(g.q2, r.q2, fast_ok) && exact4(g.q3, r.q3, fast_ok);
 }
 
 fn exact4(g: vec4<f32>, r: vec4<f32>, fast_ok: bool) -> bool {
@@ -98,46 +111,49 @@ fn exact4(g: vec4<f32>, r: vec4<f32>, fast_ok: bool) -> bool {
     return all(normal | zero);
 }
 
-// Invocation t's units of the run [start, start + len) (its team's piece,
-// team_walk), a Block at a time, then the rest one unit at a time. A
-// multiply stores plain products while products_exact holds; from the
-// first block where it does not, every element goes through scaled()
-// (clip_mul_exact). Separate loops rather than a branch per block: SIMD CPU
-// drivers (SwiftShader) run a branch's body under a lane mask even when no
-// lane takes it, so an exact path inside the fast loop cost its full price
-// on every block; a loop nobody enters costs one masked pass of its body.
+// Invocation t's quads of run [start, start + len): its team's piece of the
+// inner quads (team_walk), and for lanes 0 and 1 an edge quad. A multiply
+// stores plain products a Block at a time while products_exact holds; from
+// the first block where it does not (and for the other kinds), every
+// element goes through scaled() (clip_mul_exact) one quad at a time.
+// Separate loops rather than a branch per block: SIMD CPU drivers
+// (SwiftShader) run a branch's body under a lane mask even when no lane
+// takes it, so an exact path inside the fast loop cost its full price on
+// every block; a loop nobody enters costs one masked pass of its body. The
+// exact path is not unrolled: each scaled() is a copy of clip_mul_exact
+// once SwiftShader inlines it, and with 24 copies its compiler ran for over
+// seven minutes and 4.5 GB without finishing one pipeline.
 fn scale_run(start: u32, len: u32, t: u32, kind: u32, fast: f32, m: f32, e: i32) {
-    let units = (len + UNIT - 1u) / UNIT;
-    let w = team_walk(units, t);
-    let s = TEAM * UNIT;
+    let r = run_of(start, len);
+    let w = team_walk(r.inner.y - r.inner.x, t);
     var u = w.first;
     if kind == SCALE_MULTIPLY {
         let fast_ok = bitcast<u32>(fast) != 0u;
         for (; u + 3u * TEAM < w.end; u += 4u * TEAM) {
-            let j = start + u * UNIT;
-            let g = load_block(j, s);
-            let r = Block(g.u0 * fast, g.u1 * fast, g.u2 * fast, g.u3 * fast);
-            if !products_exact(g, r, fast_ok) {
+            let q = r.inner.x + u;
+            let g = load_block(q);
+            let p = Block(g.q0 * fast, g.q1 * fast, g.q2 * fast, g.q3 * fast);
+            if !products_exact(g, p, fast_ok) {
                 break;
             }
-            store_block(j, s, min(UNIT, len - (u + 3u * TEAM) * UNIT), r);
+            store_block(q, p);
         }
     }
-    for (; u + 3u * TEAM < w.end; u += 4u * TEAM) {
-        let j = start + u * UNIT;
-        let g = load_block(j, s);
-        let r = Block(
-            scaled_unit(g.u0, kind, fast, m, e),
-            scaled_unit(g.u1, kind, fast, m, e),
-            scaled_unit(g.u2, kind, fast, m, e),
-            scaled_unit(g.u3, kind, fast, m, e),
-        );
-        store_block(j, s, min(UNIT, len - (u + 3u * TEAM) * UNIT), r);
-    }
     for (; u < w.end; u += TEAM) {
-        let j = start + u * UNIT;
-        store_unit(j, min(UNIT, len - u * UNIT), scaled_unit(bitcast<vec2<f32>>(load_unit(j)), kind, fast, m, e));
+        let q = r.inner.x + u;
+        store_quad(q, scaled_quad(bitcast<vec4<f32>>(load_quad(q)), kind, fast, m, e));
     }
+    if t < 2u {
+        let ed = edge(r, t);
+        if ed.has {
+            store_inside(ed.q, r, scaled_quad(bitcast<vec4<f32>>(load_quad(ed.q)), kind, fast, m, e));
+        }
+    }
+}
+
+// A quad's elements through clamped().
+fn clamped_quad(g: vec4<f32>, lo: i32, hi: i32) -> vec4<f32> {
+    return vec4(clamped(g.x, lo, hi), clamped(g.y, lo, hi), clamped(g.z, lo, hi), clamped(g.w, lo, hi));
 }
 
 // scale — reads: stats.state's factor and scale_kind (from finalize), per
@@ -178,11 +194,17 @@ fn clamp_values(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     let stride = stride_workgroups();
     for (var c = range.x + wg.x; c < range.y; c += stride) {
         let ch = chunk_at(c);
-        let w = team_walk((ch.len + UNIT - 1u) / UNIT, t);
+        let r = run_of(ch.start, ch.len);
+        let w = team_walk(r.inner.y - r.inner.x, t);
         for (var u = w.first; u < w.end; u += TEAM) {
-            let j = ch.start + u * UNIT;
-            let g = bitcast<vec2<f32>>(load_unit(j));
-            store_unit(j, min(UNIT, ch.len - u * UNIT), vec2(clamped(g.x, lo, hi), clamped(g.y, lo, hi)));
+            let q = r.inner.x + u;
+            store_quad(q, clamped_quad(bitcast<vec4<f32>>(load_quad(q)), lo, hi));
+        }
+        if t < 2u {
+            let ed = edge(r, t);
+            if ed.has {
+                store_inside(ed.q, r, clamped_quad(bitcast<vec4<f32>>(load_quad(ed.q)), lo, hi));
+            }
         }
     }
 }

@@ -60,7 +60,7 @@ pub(crate) struct Inner {
     /// Reduce and scale pipelines per element path, made the first time a
     /// set needs them (f32's at creation), so that f32-only users compile
     /// no 16-bit shader.
-    element_pipelines: Mutex<[Option<Arc<ElementPipelines>>; 4]>,
+    element_pipelines: Mutex<[Option<Arc<ElementPipelines>>; ElementPath::COUNT]>,
     /// The path f16 buffers take on this clipper.
     f16_path: ElementPath,
     pub workgroup_size: u32,
@@ -279,7 +279,8 @@ impl Clipper {
         let f32_pipelines =
             make_element_pipelines(device, &pipeline_layout, ElementPath::F32, workgroup_size);
         catch.end()?;
-        let mut element_pipelines: [Option<Arc<ElementPipelines>>; 4] = Default::default();
+        let mut element_pipelines: [Option<Arc<ElementPipelines>>; ElementPath::COUNT] =
+            Default::default();
         element_pipelines[ElementPath::F32.index()] = Some(Arc::new(f32_pipelines));
         Ok(Self {
             inner: Arc::new(Inner {
@@ -349,10 +350,13 @@ impl Inner {
         catch.end().map_err(|_| Error::ForeignDevice { what })
     }
 
-    /// The path a window of `dtype` takes on this clipper.
-    pub fn path_of(&self, dtype: GradType) -> ElementPath {
+    /// The path a window of `dtype` binding `bytes` takes on this clipper:
+    /// f32 windows load whole 16-byte quads where the binding holds a whole
+    /// number of them.
+    pub fn path_of(&self, dtype: GradType, bytes: u64) -> ElementPath {
         match dtype {
-            GradType::F32 => ElementPath::F32,
+            GradType::F32 if bytes % 16 == 0 => ElementPath::F32,
+            GradType::F32 => ElementPath::F32Unaligned,
             GradType::F16 => self.f16_path,
             GradType::Bf16 => ElementPath::Bf16Packed,
         }

@@ -51,8 +51,14 @@ impl GradType {
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ElementPath {
-    /// `array<f32>`.
+    /// `array<vec4<f32>>`: a window whose binding is a whole number of
+    /// 16-byte quads (every window of a buffer whose size is a multiple of 16
+    /// bytes).
     F32,
+    /// `array<f32>`, four loads per quad: a window that ends where its
+    /// buffer does, on no 16-byte boundary. The same walk and arithmetic as
+    /// [`F32`](Self::F32), so the same bits.
+    F32Unaligned,
     /// `array<f16>` through `wgpu::Features::SHADER_F16`.
     F16Native,
     /// f16 pairs read from and written to `array<u32>` words with integer
@@ -64,6 +70,8 @@ pub enum ElementPath {
 }
 
 impl ElementPath {
+    pub(crate) const COUNT: usize = 5;
+
     pub(crate) fn index(self) -> usize {
         self as usize
     }
@@ -71,7 +79,7 @@ impl ElementPath {
     /// The element type this path reads.
     pub fn grad_type(self) -> GradType {
         match self {
-            ElementPath::F32 => GradType::F32,
+            ElementPath::F32 | ElementPath::F32Unaligned => GradType::F32,
             ElementPath::F16Native | ElementPath::F16Packed => GradType::F16,
             ElementPath::Bf16Packed => GradType::Bf16,
         }

@@ -42,6 +42,10 @@ const HALF: (&str, &str) = ("half.wgsl", include_str!("../shaders/half.wgsl"));
 const REDUCE_FILE: (&str, &str) = ("reduce.wgsl", include_str!("../shaders/reduce.wgsl"));
 const SCALE_FILE: (&str, &str) = ("scale.wgsl", include_str!("../shaders/scale.wgsl"));
 const ELEM_F32: (&str, &str) = ("elem_f32.wgsl", include_str!("../shaders/elem_f32.wgsl"));
+const ELEM_F32_UNALIGNED: (&str, &str) = (
+    "elem_f32_unaligned.wgsl",
+    include_str!("../shaders/elem_f32_unaligned.wgsl"),
+);
 /// Starts with `enable f16;`, so it comes first in its modules.
 const ELEM_F16: (&str, &str) = ("elem_f16.wgsl", include_str!("../shaders/elem_f16.wgsl"));
 const ELEM_F16_PACKED: (&str, &str) = (
@@ -83,6 +87,30 @@ pub const FINALIZE: PassModule = PassModule {
 pub const SCALE: PassModule = PassModule {
     name: "gradclip scale",
     files: &[CLIP_STATE, BITS, COMMON, ELEM_F32, SCALE_FILE],
+    entry_points: SCALE_ENTRY_POINTS,
+    shader_f16: false,
+};
+
+/// Reduce over f32 gradients whose window ends on no 16-byte boundary
+/// ([`ElementPath::F32Unaligned`]).
+pub const REDUCE_F32_UNALIGNED: PassModule = PassModule {
+    name: "gradclip reduce f32 unaligned",
+    files: &[
+        CLIP_STATE,
+        BITS,
+        COMMON,
+        ELEM_F32_UNALIGNED,
+        FOLD,
+        REDUCE_FILE,
+    ],
+    entry_points: REDUCE_ENTRY_POINTS,
+    shader_f16: false,
+};
+
+/// Scale over f32 gradients whose window ends on no 16-byte boundary.
+pub const SCALE_F32_UNALIGNED: PassModule = PassModule {
+    name: "gradclip scale f32 unaligned",
+    files: &[CLIP_STATE, BITS, COMMON, ELEM_F32_UNALIGNED, SCALE_FILE],
     entry_points: SCALE_ENTRY_POINTS,
     shader_f16: false,
 };
@@ -202,10 +230,12 @@ pub const ADAPTIVE_AGC: PassModule = PassModule {
 };
 
 /// Every pass module; the first three are the f32 ones.
-pub const MODULES: [PassModule; 9] = [
+pub const MODULES: [PassModule; 11] = [
     REDUCE,
     FINALIZE,
     SCALE,
+    REDUCE_F32_UNALIGNED,
+    SCALE_F32_UNALIGNED,
     REDUCE_F16,
     SCALE_F16,
     REDUCE_F16_PACKED,
@@ -218,6 +248,7 @@ pub const MODULES: [PassModule; 9] = [
 pub fn element_modules(path: ElementPath) -> (PassModule, PassModule) {
     match path {
         ElementPath::F32 => (REDUCE, SCALE),
+        ElementPath::F32Unaligned => (REDUCE_F32_UNALIGNED, SCALE_F32_UNALIGNED),
         ElementPath::F16Native => (REDUCE_F16, SCALE_F16),
         ElementPath::F16Packed => (REDUCE_F16_PACKED, SCALE_F16_PACKED),
         ElementPath::Bf16Packed => (REDUCE_BF16_PACKED, SCALE_BF16_PACKED),

@@ -263,7 +263,7 @@ fn record_layouts_match_the_rust_mirrors() {
 fn every_element_path_has_modules_with_the_same_entry_points() {
     use gradclip::shaders::element_modules;
     use gradclip::ElementPath::*;
-    for path in [F32, F16Native, F16Packed, Bf16Packed] {
+    for path in [F32, F32Unaligned, F16Native, F16Packed, Bf16Packed] {
         let (reduce, scale) = element_modules(path);
         assert_eq!(reduce.entry_points, MODULES[0].entry_points, "{path:?}");
         assert_eq!(scale.entry_points, MODULES[2].entry_points, "{path:?}");

@@ -332,19 +332,24 @@ fn record_bytes(bound: &Bound, uniform_stride: u64) -> Vec<u8> {
 
 /// What each window binds: its whole grid cell, up to the end of the
 /// buffer (never less than its tensors reach), so that tensors moving
-/// inside the cell need no new bind group.
+/// inside the cell need no new bind group; rounded up to a whole number of
+/// 16-byte quads where the buffer has the bytes, so that f32 windows take
+/// the vec4 path ([`ElementPath::F32`]).
 fn window_ranges(bound: &Bound, placed: &Placed<'_>) -> Vec<WindowRange> {
     bound
         .plan
         .windows
         .iter()
         .map(|w| {
-            let rest = placed.buffers[w.buffer]
-                .size()
-                .saturating_sub(w.byte_offset)
-                / 4
-                * 4;
+            let size = placed.buffers[w.buffer].size();
+            let rest = size.saturating_sub(w.byte_offset) / 4 * 4;
             let bytes = rest.min(bound.window_bytes).max(w.bytes);
+            let quads = bytes.next_multiple_of(16);
+            let bytes = if w.byte_offset + quads <= size && quads <= bound.window_bytes {
+                quads
+            } else {
+                bytes
+            };
             (w.buffer, w.dtype, w.byte_offset, bytes)
         })
         .collect()
@@ -368,16 +373,15 @@ fn bindings(
     }
     let plan = &bound.plan;
     let uniform_stride = uniform_stride(device);
-    let window_pipelines = plan
-        .windows
+    let window_paths: Vec<ElementPath> = windows
         .iter()
-        .map(|w| inner.element_pipelines(inner.path_of(w.dtype)))
-        .collect::<Result<Vec<_>>>()?;
-    let mut paths: Vec<ElementPath> = plan
-        .windows
-        .iter()
-        .map(|w| inner.path_of(w.dtype))
+        .map(|&(_, dtype, _, bytes)| inner.path_of(dtype, bytes))
         .collect();
+    let window_pipelines = window_paths
+        .iter()
+        .map(|&path| inner.element_pipelines(path))
+        .collect::<Result<Vec<_>>>()?;
+    let mut paths = window_paths;
     paths.sort();
     paths.dedup();
     let uniform_bytes = record_bytes(bound, uniform_stride);
