@@ -137,6 +137,9 @@ struct Stats {
     partial: Partial,
     scaler: ScalerConfig,
     tensors_step: u32,  // low 32 bits of the step whose results `tensors` holds
+    // cfg.step of the latest clip in which a tensor's factor was not 1
+    // (tensor_stats sets it, finalize compares it with its own step)
+    tensors_clipped: atomic<u32>,
     log: array<LogEntry, LOG_LEN>,
     tensors: array<TensorStat>,
 }

@@ -1,9 +1,9 @@
 // Finalize pass: one workgroup folds every chunk's Partial in a fixed order
-// into the total, computes per-tensor norms and coefficients when asked,
-// turns the total into the clip factor with the requested semantics, and
-// writes Stats: the state (including the scale pass's indirect dispatch,
-// zero workgroups when nothing needs to change) and the step's entry of the
-// report log. Reduction kinds: 0 = L2, 1 = Inf, 2 = general p.
+// into the total (per-tensor norms and coefficients, when asked for, come
+// from tensor_stats, spread over the device, just before), turns the total
+// into the clip factor with the requested semantics, and writes Stats: the
+// state (including the scale pass's indirect dispatch, zero workgroups when
+// nothing needs to change) and the step's entry of the report log. Reduction kinds: 0 = L2, 1 = Inf, 2 = general p.
 
 // A norm as an f32 (inf if it overflows) and exactly as y * 2^k, y in [1, 2)
 // (y = 0 for a zero norm).
@@ -207,31 +207,29 @@ fn valid_partial(q: Partial, kind: u32) -> bool {
     }
 }
 
-var<workgroup> any_tensor_clipped: atomic<u32>;
-
-// Every tensor's norm and factor into stats.tensors; called by all
-// invocations. Returns whether any tensor factor differs from 1 (only
-// invocation 0 uses the answer, so it needs no uniformity).
-fn tensor_norms(t: u32, kind: u32) -> bool {
-    if t == 0u {
-        atomicStore(&any_tensor_clipped, 0u);
-        stats.tensors_step = cfg.step;
-    }
+// tensor_stats — reads: the partials of every tensor's segments (from the
+// reduce pass), the plan's per-tensor ranges, cfg, stats.state's loss scale
+// (before finalize updates it). Writes: stats.tensors (each tensor's norm
+// and factor), and stats.tensors_clipped = cfg.step when some factor is not 1.
+// Dispatch: (min(ceil(tensors / WG), the host's cap), 1, 1), invocations
+// striding over the tensors, one tensor each at a time; recorded between the
+// reduce and finalize passes when the clip asks for per-tensor results.
+// Every tensor's result depends only on its own partials, folded in order.
+@compute @workgroup_size(WG)
+fn tensor_stats(@builtin(global_invocation_id) id: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
     let unscaling = (cfg.flags & CFG_UNSCALE) != 0u;
     let s = stats.state.loss_scale;
     let unscale = unscaling && usable_scale(s);
-    workgroupBarrier();
-    for (var i = t; i < win.tensor_count; i += WG) {
+    var clipped = false;
+    for (var i = id.x; i < win.tensor_count; i += groups.x * WG) {
         let range = tensor_partials(i);
-        let q = fold_range(kind, range.x, range.y);
-        let c = clip_of(q, kind, unscale, s);
+        let c = clip_of(fold_range(KIND, range.x, range.y), KIND, unscale, s);
         stats.tensors[i] = TensorStat(c.norm, c.factor.m, c.factor.e, 0u);
-        if !is_one(c.factor) {
-            atomicOr(&any_tensor_clipped, 1u);
-        }
+        clipped = clipped || !is_one(c.factor);
     }
-    workgroupBarrier();
-    return atomicLoad(&any_tensor_clipped) != 0u;
+    if clipped {
+        atomicStore(&stats.tensors_clipped, cfg.step);
+    }
 }
 
 // GradScaler.update (torch's _amp_update_scale_): back off and restart the
@@ -321,9 +319,10 @@ fn finish(q: Partial, kind: u32, per_tensor_clips: bool) {
 }
 
 // finalize — reads: partials of all_chunks() from the reduce pass, cfg,
-// the plan's per-tensor partial ranges, stats.state's loss scale and stats.scaler.
+// stats.state's loss scale and stats.scaler, and when cfg.flags asks for
+// per-tensor results stats.tensors_clipped (from tensor_stats).
 // Writes: stats.state, stats.partial, stats.log[cfg.step % LOG_LEN], and
-// stats.tensors when cfg.flags asks for per-tensor results.
+// stats.tensors_step when per-tensor results were asked for.
 // Dispatch: (1, 1, 1). The reduction kind is the pipeline override KIND.
 @compute @workgroup_size(WG)
 fn finalize(@builtin(local_invocation_index) t: u32) {
@@ -338,11 +337,14 @@ fn finalize(@builtin(local_invocation_index) t: u32) {
     wg_v[t] = acc;
     wg_f[t] = flags;
     tree_reduce(t, KIND);
-    var per_tensor_clips = false;
-    if (cfg.flags & (CFG_TENSOR_NORMS | CFG_PER_TENSOR)) != 0u {
-        per_tensor_clips = tensor_norms(t, KIND);
-    }
     if t == 0u {
+        var per_tensor_clips = false;
+        if per_tensor_chunks() {
+            // tensor_stats ran just before, for this step (norm clips
+            // number their steps from 1, so the initial 0 matches none).
+            stats.tensors_step = cfg.step;
+            per_tensor_clips = atomicLoad(&stats.tensors_clipped) == cfg.step;
+        }
         let total = Partial(wg_v[0], wg_f[0]);
         stats.partial = total;
         finish(total, KIND, per_tensor_clips);

@@ -67,11 +67,13 @@ pub(crate) struct Inner {
 }
 
 /// The finalize pipelines (from the reduce's partials, or from a supplied
-/// total), one per reduction kind, shared by every element type.
+/// total) and the per-tensor statistics, one per reduction kind, shared by
+/// every element type.
 #[derive(Debug)]
 pub(crate) struct Pipelines {
     finalize: [wgpu::ComputePipeline; 3],
     finish: [wgpu::ComputePipeline; 3],
+    tensor_stats: [wgpu::ComputePipeline; 3],
 }
 
 /// The passes that touch the gradients, for one element path.
@@ -95,6 +97,10 @@ impl Pipelines {
 
     pub fn finish(&self, r: Reduction) -> &wgpu::ComputePipeline {
         &self.finish[r.kind() as usize]
+    }
+
+    pub fn tensor_stats(&self, r: Reduction) -> &wgpu::ComputePipeline {
+        &self.tensor_stats[r.kind() as usize]
     }
 }
 
@@ -253,19 +259,8 @@ impl Clipper {
             &shaders::FINALIZE,
             &create_module(device, &shaders::FINALIZE),
         );
-        let pipelines = Pipelines {
-            finalize: Reduction::ALL.map(|r| {
-                make_pipeline(
-                    device,
-                    &pipeline_layout,
-                    finalize,
-                    "finalize",
-                    workgroup_size,
-                    Some(r),
-                )
-            }),
-            finish: Reduction::ALL.map(|r| {
-                let entry = "finish_supplied";
+        let per_kind = |entry: &str| {
+            Reduction::ALL.map(|r| {
                 make_pipeline(
                     device,
                     &pipeline_layout,
@@ -274,7 +269,12 @@ impl Clipper {
                     workgroup_size,
                     Some(r),
                 )
-            }),
+            })
+        };
+        let pipelines = Pipelines {
+            finalize: per_kind("finalize"),
+            finish: per_kind("finish_supplied"),
+            tensor_stats: per_kind("tensor_stats"),
         };
         let f32_pipelines =
             make_element_pipelines(device, &pipeline_layout, ElementPath::F32, workgroup_size);

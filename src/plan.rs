@@ -405,13 +405,21 @@ pub(crate) struct Bound {
     /// Grid-stride workgroups over per-tensor chunks, and over flat chunks.
     pub workgroups: u32,
     pub flat_workgroups: u32,
+    /// Workgroups of the per-tensor statistics pass (one invocation per
+    /// tensor, striding), for workgroups of `workgroup_size` invocations.
+    pub tensor_stat_workgroups: u32,
 }
 
 impl Bound {
     /// Plans `placed` for a device with `limits`: windows start at multiples
     /// of the storage offset alignment and stay under both the binding limit
     /// and the 2^32 elements a u32 can index; the tables must fit a binding.
-    pub fn new(layout: &GradLayout, placed: &Placed<'_>, limits: &wgpu::Limits) -> Result<Self> {
+    pub fn new(
+        layout: &GradLayout,
+        placed: &Placed<'_>,
+        limits: &wgpu::Limits,
+        workgroup_size: u32,
+    ) -> Result<Self> {
         let align = (limits.min_storage_buffer_offset_alignment as u64).max(4);
         let max_binding = limits.max_storage_buffer_binding_size.min(u32::MAX as u64) / 4 * 4;
         too_large("storage offset alignment", align, max_binding)?;
@@ -448,6 +456,9 @@ impl Bound {
             window_bytes,
             workgroups: busiest(|w| w.chunk_end - w.chunk_begin),
             flat_workgroups: busiest(|w| w.flat_end - w.flat_begin),
+            tensor_stat_workgroups: (layout.len() as u64)
+                .div_ceil(workgroup_size as u64)
+                .clamp(1, cap as u64) as u32,
             plan,
         })
     }

@@ -128,12 +128,14 @@ pub struct ScalerConfig {
 pub const LOG_LEN: u64 = 64;
 
 /// Byte offsets of the members of WGSL
-/// `Stats { state, partial, scaler, tensors_step, log, tensors }`.
+/// `Stats { state, partial, scaler, tensors_step, tensors_clipped, log, tensors }`.
 pub const STATS_STATE_OFFSET: u64 = 0;
 pub const STATS_PARTIAL_OFFSET: u64 = 64;
 pub const STATS_SCALER_OFFSET: u64 = 80;
 /// Low 32 bits of the step whose per-tensor results `tensors` holds.
 pub const STATS_TENSORS_STEP_OFFSET: u64 = 96;
+/// The latest step in which a tensor's factor was not 1 (GPU-only).
+pub const STATS_TENSORS_CLIPPED_OFFSET: u64 = 100;
 pub const STATS_LOG_OFFSET: u64 = 112;
 pub const STATS_TENSORS_OFFSET: u64 = STATS_LOG_OFFSET + LOG_LEN * 80;
 /// Bytes of `Stats` up to its per-tensor array.

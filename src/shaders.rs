@@ -68,8 +68,9 @@ pub const REDUCE: PassModule = PassModule {
     shader_f16: false,
 };
 
-/// Finalize: total norm, per-tensor norms, clip factor, scale dispatch,
-/// loss-scale update, report log; finish_supplied: the same from a supplied total.
+/// Finalize: total norm, clip factor, scale dispatch, loss-scale update,
+/// report log; finish_supplied: the same from a supplied total;
+/// tensor_stats: per-tensor norms and factors, spread over the device.
 pub const FINALIZE: PassModule = PassModule {
     name: "gradclip finalize",
     files: &[
@@ -79,7 +80,7 @@ pub const FINALIZE: PassModule = PassModule {
         FOLD,
         ("finalize.wgsl", include_str!("../shaders/finalize.wgsl")),
     ],
-    entry_points: &["finalize", "finish_supplied"],
+    entry_points: &["finalize", "finish_supplied", "tensor_stats"],
     shader_f16: false,
 };
 

@@ -159,6 +159,77 @@ fn no_clip_step_dispatches_no_scale_workgroup() {
     assert_no_wgpu_errors();
 }
 
+/// Per-tensor statistics are spread over many workgroups; finalize learns
+/// from them whether any tensor's factor is not 1, for this step only.
+#[test]
+fn per_tensor_step_dispatches_scale_only_when_a_tensor_clips() {
+    let g = gpu();
+    // 5000 small tensors (norm 0.3 each) and, last, in the last workgroup
+    // of the statistics pass, one large tensor (norm 50).
+    let mut sizes = vec![9; 5000];
+    sizes.push(2500);
+    let mut data: Vec<f32> = (0..5000 * 9)
+        .map(|i| if i % 9 == 0 { 0.3 } else { 0.0 })
+        .collect();
+    data.extend(std::iter::repeat_n(1.0f32, 2500));
+    let buffer = upload(&g.device, &data);
+    let set = g
+        .clipper
+        .bind(&buffer, &GradLayout::from_sizes(&sizes).unwrap())
+        .unwrap();
+    let step = |clip: ClipNorm| {
+        let mut encoder = g.device.create_command_encoder(&Default::default());
+        set.clip_norm(&mut encoder, &clip).unwrap();
+        g.queue.submit([encoder.finish()]);
+        let report = pollster::block_on(set.read_report()).unwrap();
+        (clip_state(&set), report)
+    };
+
+    // Only the last tensor clips: its factor alone makes the scale pass run.
+    let (state, report) = step(ClipNorm::new(10.0).per_tensor(true));
+    assert!(state.dispatch[0] > 0, "{state:?}");
+    assert_eq!(report.tensor_norms[5000], 50.0);
+    assert!(
+        (report.tensor_norms[17] - 0.3).abs() <= 1e-7,
+        "{}",
+        report.tensor_norms[17]
+    );
+    let after = download(&g.device, &g.queue, &buffer, data.len());
+    assert_identical(&after[..45_000], &data[..45_000], "small tensors");
+    let factor = 10.0 / (50.0 + 1e-6);
+    assert_close(
+        &after[45_000..],
+        &vec![factor as f32; 2500],
+        1e-6,
+        "large tensor",
+    );
+
+    // Now nothing clips: the earlier step's clipped tensor must not count.
+    let (state, report) = step(ClipNorm::new(100.0).per_tensor(true));
+    assert_eq!(state.dispatch, [0, 1, 1], "no tensor clipped");
+    assert!(report.tensor_coefficients.iter().all(|&c| c == 1.0));
+    assert_identical(
+        &download(&g.device, &g.queue, &buffer, data.len()),
+        &after,
+        "no-clip per-tensor step",
+    );
+
+    // Per-tensor norms of a global clip that does not clip: no scale pass either.
+    let (state, report) = step(ClipNorm::new(100.0).tensor_norms(true));
+    assert_eq!(
+        state.dispatch,
+        [0, 1, 1],
+        "global no-clip with tensor norms"
+    );
+    assert_eq!(report.tensor_norms.len(), 5001);
+
+    // Every tensor clips.
+    let (state, report) = step(ClipNorm::new(0.1).per_tensor(true));
+    assert!(state.dispatch[0] > 0, "{state:?}");
+    assert!(report.tensor_coefficients.iter().all(|&c| c < 1.0));
+    assert_no_wgpu_errors();
+}
+
 #[test]
 fn reports_follow_the_latest_submitted_step_and_are_optional() {
     let g = gpu();

@@ -245,6 +245,7 @@ fn record_layouts_match_the_rust_mirrors() {
         ("partial", records::STATS_PARTIAL_OFFSET),
         ("scaler", records::STATS_SCALER_OFFSET),
         ("tensors_step", records::STATS_TENSORS_STEP_OFFSET),
+        ("tensors_clipped", records::STATS_TENSORS_CLIPPED_OFFSET),
         ("log", records::STATS_LOG_OFFSET),
         ("tensors", records::STATS_TENSORS_OFFSET),
     ]

@@ -44,6 +44,8 @@ pub(super) struct Bindings {
     pub flat_workgroups: u32,
     /// Grid-stride workgroups over segments (the per-tensor scale walk).
     pub tensor_workgroups: u32,
+    /// Workgroups of the per-tensor statistics pass.
+    pub tensor_stat_workgroups: u32,
     /// The gradient buffers, checked before each clip (mapped or destroyed
     /// buffers would make the caller's submission fail).
     pub buffers: Vec<wgpu::Buffer>,
@@ -108,6 +110,7 @@ impl Bindings {
         movable.record_bytes = record_bytes(bound, uniform_stride);
         self.flat_workgroups = bound.flat_workgroups;
         self.tensor_workgroups = bound.workgroups;
+        self.tensor_stat_workgroups = bound.tensor_stat_workgroups;
         self.buffers = placed.buffers.iter().map(|b| (*b).clone()).collect();
         self.placements = placed.placements.clone();
         self.windows = windows;
@@ -480,6 +483,7 @@ fn bindings(
         has_elements: !plan.windows.is_empty(),
         flat_workgroups: bound.flat_workgroups,
         tensor_workgroups: bound.workgroups,
+        tensor_stat_workgroups: bound.tensor_stat_workgroups,
         buffers: placed.buffers.iter().map(|b| (*b).clone()).collect(),
         placements: placed.placements.clone(),
         windows,
@@ -496,7 +500,7 @@ impl GradSet {
     /// `placed` says where each tensor of `layout` lives (checked by the caller).
     pub(crate) fn new(inner: Arc<Inner>, layout: &GradLayout, placed: &Placed<'_>) -> Result<Self> {
         let device = &inner.device;
-        let bound = Bound::new(layout, placed, &device.limits())?;
+        let bound = Bound::new(layout, placed, &device.limits(), inner.workgroup_size)?;
 
         // The loss scale starts as GradScaler's default; set_loss_scaler changes it.
         let scaler = LossScaler::new();
@@ -613,7 +617,12 @@ impl GradSet {
             .previous
             .as_ref()
             .is_some_and(|(previous, _)| previous.same_places(&placed));
-        let bound = Bound::new(&self.layout, &placed, &self.inner.device.limits())?;
+        let bound = Bound::new(
+            &self.layout,
+            &placed,
+            &self.inner.device.limits(),
+            self.inner.workgroup_size,
+        )?;
         let stride = uniform_stride(&self.inner.device);
         let windows = window_ranges(&bound, &placed);
         if !back && self.bound.fits(&bound, &placed, &windows, &self.partials) {

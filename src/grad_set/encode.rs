@@ -105,7 +105,7 @@ impl GradSet {
     pub fn clip_norm(&self, encoder: &mut wgpu::CommandEncoder, clip: &ClipNorm) -> Result<()> {
         let (reduction, config) = clip.to_record()?;
         self.begin(encoder, config, true)?;
-        self.encode_norm(encoder, reduction, None);
+        self.encode_norm(encoder, reduction, &config, None);
         self.encode_scale(encoder, None);
         Ok(())
     }
@@ -161,7 +161,7 @@ impl GradSet {
         let (reduction, config) = clip.to_record()?;
         self.begin(encoder, config, true)?;
         let timing = Some((query_set, first_index));
-        self.encode_norm(encoder, reduction, timing);
+        self.encode_norm(encoder, reduction, &config, timing);
         self.encode_scale(encoder, timing);
         Ok(())
     }
@@ -214,7 +214,7 @@ impl GradSet {
         let (reduction, mut config) = clip.to_record()?;
         config.flags |= CFG_NO_SCALE | flags;
         let step = self.begin(encoder, config, true)?;
-        self.encode_norm(encoder, reduction, None);
+        self.encode_norm(encoder, reduction, &config, None);
         Ok(step)
     }
 
@@ -502,6 +502,7 @@ impl GradSet {
         &self,
         encoder: &mut wgpu::CommandEncoder,
         reduction: Reduction,
+        config: &ClipConfig,
         timing: Timing<'_>,
     ) {
         let mut pass = self.pass(
@@ -530,8 +531,14 @@ impl GradSet {
                 pass.write_timestamp(query_set, first + 1);
             }
         }
-        pass.set_pipeline(self.inner.pipelines.finalize(reduction));
         pass.set_bind_group(0, &self.bound.bind_groups[0], &[]);
+        if config.flags & (CFG_TENSOR_NORMS | CFG_PER_TENSOR) != 0 {
+            // Every tensor's norm and factor, spread over the device; finalize
+            // (one workgroup) then only learns whether any factor is not 1.
+            pass.set_pipeline(self.inner.pipelines.tensor_stats(reduction));
+            pass.dispatch_workgroups(self.bound.tensor_stat_workgroups, 1, 1);
+        }
+        pass.set_pipeline(self.inner.pipelines.finalize(reduction));
         pass.dispatch_workgroups(1, 1, 1);
     }
 
