@@ -24,9 +24,16 @@ const TBIG_BITS: u32 = 0x55800000u; // 2^44: at or above, scale down by 2^-84
 
 // Quads each invocation loads per step of the main loop.
 const LANES: u32 = 4u;
-// Segments up to this many elements are folded by one invocation alone;
-// longer ones by the whole workgroup.
-const SERIAL_MAX: u32 = 256u;
+// Segments up to serial_max() elements are folded by one invocation alone,
+// longer ones by the whole workgroup: at most 2 invocations' shares of a
+// 32768-element chunk, never below 256. A workgroup fold of a segment costs
+// its barriers, which on CPU drivers (32 invocations) cost more than one
+// invocation reading two thousand elements; GPUs (256) keep 256.
+const SERIAL_SPAN: u32 = 65536u;
+
+fn serial_max() -> u32 {
+    return max(SERIAL_SPAN / WG, 256u);
+}
 
 // Adds one element (its f32 bits; 16-bit inputs are decoded exactly to f32
 // first, so one scheme serves every element type) to Blue's three bins.
@@ -95,14 +102,34 @@ fn quad_in(q: u32, r: Run) -> vec4<u32> {
     return select(vec4(0u), load_quad(q), inside);
 }
 
-// Invocation t's edge quad (lanes 0 and 1; zeros for the others and for
-// an edge the run does not have).
-fn edge_bits(r: Run, t: u32) -> vec4<u32> {
-    if t < 2u {
-        let e = edge(r, t);
-        if e.has {
-            return quad_in(e.q, r);
-        }
+// The quads of a run one invocation folds: [first, end) in steps of
+// stride, and the run's edge quads k with edges[k]. A workgroup's
+// invocations each take a team's share (team_share); a short segment is
+// one invocation's whole share (whole_share).
+struct Share {
+    first: u32,
+    end: u32,
+    stride: u32,
+    edges: vec2<bool>,
+}
+
+// Invocation t's share of run r in a workgroup fold: its team's piece of
+// the inner quads, lane by lane (team_walk); lanes 0 and 1 take the edges.
+fn team_share(r: Run, t: u32) -> Share {
+    let w = team_walk(r.inner.y - r.inner.x, t);
+    return Share(r.inner.x + w.first, r.inner.x + w.end, TEAM, vec2(t == 0u, t == 1u));
+}
+
+// All of run r, for one invocation alone.
+fn whole_share(r: Run) -> Share {
+    return Share(r.inner.x, r.inner.y, 1u, vec2(true, true));
+}
+
+// Edge quad k of run r if the share takes it (zeros otherwise).
+fn edge_bits(r: Run, sh: Share, k: u32) -> vec4<u32> {
+    let e = edge(r, k);
+    if sh.edges[k] && e.has {
+        return quad_in(e.q, r);
     }
     return vec4(0u);
 }
@@ -114,58 +141,59 @@ fn add_quad(kind: u32, acc: ptr<function, vec3<f32>>, flags: ptr<function, u32>,
     add_element(kind, acc, flags, b.w);
 }
 
-// The exact fold of invocation t's quads of run r, element by element:
-// Blue's bins, the max's bits, or the scaled p-sum, with the FLAG_* bits.
-// The slow path, for what the fast paths cannot take.
-fn exact_quads(r: Run, t: u32, kind: u32) -> Partial {
+// The exact fold of a share of run r, element by element: Blue's bins, the
+// max's bits, or the scaled p-sum, with the FLAG_* bits. The slow path, for
+// what the fast paths cannot take.
+fn exact_quads(r: Run, sh: Share, kind: u32) -> Partial {
     var acc = vec3<f32>(0.0);
     var flags = 0u;
-    add_quad(kind, &acc, &flags, edge_bits(r, t));
-    let w = team_walk(r.inner.y - r.inner.x, t);
-    for (var u = w.first; u < w.end; u += TEAM) {
-        add_quad(kind, &acc, &flags, load_quad(r.inner.x + u));
+    add_quad(kind, &acc, &flags, edge_bits(r, sh, 0u));
+    add_quad(kind, &acc, &flags, edge_bits(r, sh, 1u));
+    for (var q = sh.first; q < sh.end; q += sh.stride) {
+        add_quad(kind, &acc, &flags, load_quad(q));
     }
     return Partial(acc, flags);
 }
 
-// L2 of invocation t's quads of run r. Fast path: plain squares in LANES
-// accumulators while the exponent bits show every element in Blue's medium
-// band [2^-63, 2^44) or zero, which is exactly what Blue's medium bin adds;
-// an invocation that met any other element redoes its quads exactly.
-fn l2_quads(r: Run, t: u32) -> Partial {
-    let w = team_walk(r.inner.y - r.inner.x, t);
-    let ae = edge_bits(r, t) & vec4(ABS_MASK);
-    let ye = bitcast<vec4<f32>>(ae);
-    var s0 = ye * ye;
-    var s1 = vec4<f32>(0.0);
+// L2 of a share of run r. Fast path: plain squares in LANES accumulators
+// while the exponent bits show every element in Blue's medium band
+// [2^-63, 2^44) or zero, which is exactly what Blue's medium bin adds; a
+// share with any other element is redone exactly.
+fn l2_quads(r: Run, sh: Share) -> Partial {
+    let a0 = edge_bits(r, sh, 0u) & vec4(ABS_MASK);
+    let a1 = edge_bits(r, sh, 1u) & vec4(ABS_MASK);
+    let y0 = bitcast<vec4<f32>>(a0);
+    let y1 = bitcast<vec4<f32>>(a1);
+    var s0 = y0 * y0;
+    var s1 = y1 * y1;
     var s2 = vec4<f32>(0.0);
     var s3 = vec4<f32>(0.0);
-    var hi = ae;          // largest |g| bits seen
-    var lo = ae - 1u;     // smallest |g| bits - 1 seen (zero wraps to the top)
-    var u = w.first;
-    for (; u + (LANES - 1u) * TEAM < w.end; u += LANES * TEAM) {
-        let q = r.inner.x + u;
-        let a0 = load_quad(q) & vec4(ABS_MASK);
-        let a1 = load_quad(q + TEAM) & vec4(ABS_MASK);
-        let a2 = load_quad(q + 2u * TEAM) & vec4(ABS_MASK);
-        let a3 = load_quad(q + 3u * TEAM) & vec4(ABS_MASK);
-        let y0 = bitcast<vec4<f32>>(a0);
-        let y1 = bitcast<vec4<f32>>(a1);
-        let y2 = bitcast<vec4<f32>>(a2);
-        let y3 = bitcast<vec4<f32>>(a3);
-        s0 += y0 * y0;
-        s1 += y1 * y1;
-        s2 += y2 * y2;
-        s3 += y3 * y3;
-        hi = max(hi, max(max(a0, a1), max(a2, a3)));
-        lo = min(lo, min(min(a0 - 1u, a1 - 1u), min(a2 - 1u, a3 - 1u)));
+    var hi = max(a0, a1);          // largest |g| bits seen
+    var lo = min(a0 - 1u, a1 - 1u); // smallest |g| bits - 1 seen (zero wraps to the top)
+    let st = sh.stride;
+    var q = sh.first;
+    for (; q + (LANES - 1u) * st < sh.end; q += LANES * st) {
+        let b0 = load_quad(q) & vec4(ABS_MASK);
+        let b1 = load_quad(q + st) & vec4(ABS_MASK);
+        let b2 = load_quad(q + 2u * st) & vec4(ABS_MASK);
+        let b3 = load_quad(q + 3u * st) & vec4(ABS_MASK);
+        let z0 = bitcast<vec4<f32>>(b0);
+        let z1 = bitcast<vec4<f32>>(b1);
+        let z2 = bitcast<vec4<f32>>(b2);
+        let z3 = bitcast<vec4<f32>>(b3);
+        s0 += z0 * z0;
+        s1 += z1 * z1;
+        s2 += z2 * z2;
+        s3 += z3 * z3;
+        hi = max(hi, max(max(b0, b1), max(b2, b3)));
+        lo = min(lo, min(min(b0 - 1u, b1 - 1u), min(b2 - 1u, b3 - 1u)));
     }
-    for (; u < w.end; u += TEAM) {
-        let a = load_quad(r.inner.x + u) & vec4(ABS_MASK);
-        let y = bitcast<vec4<f32>>(a);
-        s0 += y * y;
-        hi = max(hi, a);
-        lo = min(lo, a - 1u);
+    for (; q < sh.end; q += st) {
+        let b = load_quad(q) & vec4(ABS_MASK);
+        let z = bitcast<vec4<f32>>(b);
+        s0 += z * z;
+        hi = max(hi, b);
+        lo = min(lo, b - 1u);
     }
     let h = max(max(hi.x, hi.y), max(hi.z, hi.w));
     let l = min(min(lo.x, lo.y), min(lo.z, lo.w));
@@ -173,40 +201,39 @@ fn l2_quads(r: Run, t: u32) -> Partial {
         let v = (s0 + s1) + (s2 + s3);
         return Partial(vec3(0.0, (v.x + v.y) + (v.z + v.w), 0.0), 0u);
     }
-    return exact_quads(r, t, 0u);
+    return exact_quads(r, sh, 0u);
 }
 
 fn max4(a: vec4<u32>) -> u32 {
     return max(max(a.x, a.y), max(a.z, a.w));
 }
 
-// The largest |g| bits of invocation t's quads of run r.
-fn max_quads(r: Run, t: u32) -> u32 {
-    let w = team_walk(r.inner.y - r.inner.x, t);
-    var m = edge_bits(r, t) & vec4(ABS_MASK);
-    var u = w.first;
-    for (; u + (LANES - 1u) * TEAM < w.end; u += LANES * TEAM) {
-        let q = r.inner.x + u;
-        let a0 = load_quad(q) & vec4(ABS_MASK);
-        let a1 = load_quad(q + TEAM) & vec4(ABS_MASK);
-        let a2 = load_quad(q + 2u * TEAM) & vec4(ABS_MASK);
-        let a3 = load_quad(q + 3u * TEAM) & vec4(ABS_MASK);
-        m = max(m, max(max(a0, a1), max(a2, a3)));
+// The largest |g| bits of a share of run r.
+fn max_quads(r: Run, sh: Share) -> u32 {
+    var m = max(edge_bits(r, sh, 0u) & vec4(ABS_MASK), edge_bits(r, sh, 1u) & vec4(ABS_MASK));
+    let st = sh.stride;
+    var q = sh.first;
+    for (; q + (LANES - 1u) * st < sh.end; q += LANES * st) {
+        let b0 = load_quad(q) & vec4(ABS_MASK);
+        let b1 = load_quad(q + st) & vec4(ABS_MASK);
+        let b2 = load_quad(q + 2u * st) & vec4(ABS_MASK);
+        let b3 = load_quad(q + 3u * st) & vec4(ABS_MASK);
+        m = max(m, max(max(b0, b1), max(b2, b3)));
     }
-    for (; u < w.end; u += TEAM) {
-        m = max(m, load_quad(r.inner.x + u) & vec4(ABS_MASK));
+    for (; q < sh.end; q += st) {
+        m = max(m, load_quad(q) & vec4(ABS_MASK));
     }
     return max4(m);
 }
 
-// Inf of invocation t's quads: the max of the bits, exact as it is; the
+// Inf of a share of run r: the max of the bits, exact as it is; the
 // element-wise path only to sort out the flags of non-finite elements.
-fn inf_quads(r: Run, t: u32) -> Partial {
-    let best = max_quads(r, t);
+fn inf_quads(r: Run, sh: Share) -> Partial {
+    let best = max_quads(r, sh);
     if best < EXP_MASK {
         return Partial(vec3(bitcast<f32>(best), 0.0, 0.0), 0u);
     }
-    return exact_quads(r, t, 1u);
+    return exact_quads(r, sh, 1u);
 }
 
 // |g|^p relative to the largest element mx = m * 2^e (log2_m = log2(m)):
@@ -224,14 +251,14 @@ fn p_terms(a: vec4<u32>, log2_m: f32, e: i32, p: f32) -> vec4<f32> {
     return vec4(p_term(a.x, log2_m, e, p), p_term(a.y, log2_m, e, p), p_term(a.z, log2_m, e, p), p_term(a.w, log2_m, e, p));
 }
 
-// General p of invocation t's quads: the largest element first (one cheap
+// General p of a share of run r: the largest element first (one cheap
 // pass over quads that the second pass finds in cache), then every term
 // relative to it, so each element costs one log2 and one exp2 and the sum
 // never over- or underflows: s >= 1 (the largest element's own term).
-fn p_quads(r: Run, t: u32) -> Partial {
-    let top = max_quads(r, t);
+fn p_quads(r: Run, sh: Share) -> Partial {
+    let top = max_quads(r, sh);
     if top >= EXP_MASK {
-        return exact_quads(r, t, 2u);
+        return exact_quads(r, sh, 2u);
     }
     if top == 0u {
         return Partial(vec3(0.0), 0u);
@@ -239,38 +266,36 @@ fn p_quads(r: Run, t: u32) -> Partial {
     let p = cfg.p;
     let dm = decode(top);
     let lm = log2(dm.m);
-    let w = team_walk(r.inner.y - r.inner.x, t);
-    var s0 = p_terms(edge_bits(r, t) & vec4(ABS_MASK), lm, dm.e, p);
-    var s1 = vec4<f32>(0.0);
+    var s0 = p_terms(edge_bits(r, sh, 0u) & vec4(ABS_MASK), lm, dm.e, p);
+    var s1 = p_terms(edge_bits(r, sh, 1u) & vec4(ABS_MASK), lm, dm.e, p);
     var s2 = vec4<f32>(0.0);
     var s3 = vec4<f32>(0.0);
-    var u = w.first;
-    for (; u + (LANES - 1u) * TEAM < w.end; u += LANES * TEAM) {
-        let q = r.inner.x + u;
+    let st = sh.stride;
+    var q = sh.first;
+    for (; q + (LANES - 1u) * st < sh.end; q += LANES * st) {
         s0 += p_terms(load_quad(q) & vec4(ABS_MASK), lm, dm.e, p);
-        s1 += p_terms(load_quad(q + TEAM) & vec4(ABS_MASK), lm, dm.e, p);
-        s2 += p_terms(load_quad(q + 2u * TEAM) & vec4(ABS_MASK), lm, dm.e, p);
-        s3 += p_terms(load_quad(q + 3u * TEAM) & vec4(ABS_MASK), lm, dm.e, p);
+        s1 += p_terms(load_quad(q + st) & vec4(ABS_MASK), lm, dm.e, p);
+        s2 += p_terms(load_quad(q + 2u * st) & vec4(ABS_MASK), lm, dm.e, p);
+        s3 += p_terms(load_quad(q + 3u * st) & vec4(ABS_MASK), lm, dm.e, p);
     }
-    for (; u < w.end; u += TEAM) {
-        s0 += p_terms(load_quad(r.inner.x + u) & vec4(ABS_MASK), lm, dm.e, p);
+    for (; q < sh.end; q += st) {
+        s0 += p_terms(load_quad(q) & vec4(ABS_MASK), lm, dm.e, p);
     }
     let v = (s0 + s1) + (s2 + s3);
     return Partial(vec3((v.x + v.y) + (v.z + v.w), dm.m, f32(dm.e)), 0u);
 }
 
-// Invocation t's share of the run [start, start + len) under the kind.
-fn thread_quads(start: u32, len: u32, t: u32, kind: u32) -> Partial {
-    let r = run_of(start, len);
+// A share of the run [start, start + len) under the kind.
+fn share_fold(r: Run, sh: Share, kind: u32) -> Partial {
     switch kind {
         case 0u: {
-            return l2_quads(r, t);
+            return l2_quads(r, sh);
         }
         case 1u: {
-            return inf_quads(r, t);
+            return inf_quads(r, sh);
         }
         default: {
-            return p_quads(r, t);
+            return p_quads(r, sh);
         }
     }
 }
@@ -278,14 +303,20 @@ fn thread_quads(start: u32, len: u32, t: u32, kind: u32) -> Partial {
 // The whole workgroup's fold of a run, in wg_v[0] / wg_f[0] on return
 // (visible to every invocation). Called in uniform control flow.
 fn workgroup_fold(start: u32, len: u32, t: u32, kind: u32) {
-    let q = thread_quads(start, len, t, kind);
+    let r = run_of(start, len);
+    let q = share_fold(r, team_share(r, t), kind);
     wg_v[t] = q.v;
     wg_f[t] = q.flags;
     tree_reduce(t, kind);
 }
 
-// One invocation's fold of a short run, element by element.
-fn serial_fold(start: u32, len: u32, kind: u32) -> Partial {
+// Segments shorter than this are folded element by element: for a handful
+// of elements the fast paths' two edge quads and checks cost more than the
+// elements themselves.
+const TINY_RUN: u32 = 32u;
+
+// One invocation's fold of a run shorter than TINY_RUN, element by element.
+fn tiny_fold(start: u32, len: u32, kind: u32) -> Partial {
     let r = run_of(start, len);
     var acc = vec3<f32>(0.0);
     var flags = 0u;
@@ -296,13 +327,23 @@ fn serial_fold(start: u32, len: u32, kind: u32) -> Partial {
 }
 
 // Long segments of the chunk being reduced, found by the invocations that
-// scan its segments: at most CHUNK_ELEMENTS / (SERIAL_MAX + 1) = 127 for
+// scan its segments: at most CHUNK_ELEMENTS / (serial_max() + 1) <= 127 for
 // the host's 32768-element chunks. Their order in the list depends on
 // scheduling; each is folded on its own, so the results do not.
 const LONG_MAX: u32 = 128u;
 var<workgroup> long_count: atomic<u32>;
 var<workgroup> long_n: u32;
 var<workgroup> long_list: array<u32, LONG_MAX>;
+// Segments of TINY_RUN to serial_max() elements, listed the same way: at
+// most 32768 / TINY_RUN = 1024 per chunk. A loop over every segment with
+// their fold inside cost the fold on every segment on SwiftShader, which
+// runs a branch's body under a lane mask whether or not a lane takes it
+// (200 000 one-element tensors: reduce 22 -> 61 ms); a loop over the list
+// has no iteration when there is none.
+const MID_MAX: u32 = 1024u;
+var<workgroup> mid_count: atomic<u32>;
+var<workgroup> mid_n: u32;
+var<workgroup> mid_list: array<u32, MID_MAX>;
 
 // The partials of flat chunk c's segments (c's own when it is one segment).
 // A segment's partial depends only on the segment: one invocation folds a
@@ -319,12 +360,15 @@ fn reduce_segments(c: u32, t: u32, kind: u32, whole: Partial) {
     }
     if t == 0u {
         atomicStore(&long_count, 0u);
+        atomicStore(&mid_count, 0u);
     }
     workgroupBarrier();
     for (var s = segs.x + t; s < segs.y; s += WG) {
         let sg = chunk_at(s);
-        if sg.len <= SERIAL_MAX {
-            partials[s] = serial_fold(sg.start, sg.len, kind);
+        if sg.len < TINY_RUN {
+            partials[s] = tiny_fold(sg.start, sg.len, kind);
+        } else if sg.len <= serial_max() {
+            mid_list[min(atomicAdd(&mid_count, 1u), MID_MAX - 1u)] = s;
         } else {
             long_list[min(atomicAdd(&long_count, 1u), LONG_MAX - 1u)] = s;
         }
@@ -332,6 +376,15 @@ fn reduce_segments(c: u32, t: u32, kind: u32, whole: Partial) {
     workgroupBarrier();
     if t == 0u {
         long_n = min(atomicLoad(&long_count), LONG_MAX);
+        mid_n = min(atomicLoad(&mid_count), MID_MAX);
+    }
+    // Medium segments: one invocation each, through the fast paths.
+    let m = workgroupUniformLoad(&mid_n);
+    for (var i = t; i < m; i += WG) {
+        let s = mid_list[i];
+        let sg = chunk_at(s);
+        let r = run_of(sg.start, sg.len);
+        partials[s] = share_fold(r, whole_share(r), kind);
     }
     let n = workgroupUniformLoad(&long_n);
     for (var i = 0u; i < n; i++) {
