@@ -355,7 +355,7 @@ impl Inner {
     /// number of them.
     pub fn path_of(&self, dtype: GradType, bytes: u64) -> ElementPath {
         match dtype {
-            GradType::F32 if bytes % 16 == 0 => ElementPath::F32,
+            GradType::F32 if bytes.is_multiple_of(16) => ElementPath::F32,
             GradType::F32 => ElementPath::F32Unaligned,
             GradType::F16 => self.f16_path,
             GradType::Bf16 => ElementPath::Bf16Packed,

@@ -157,13 +157,12 @@ fn tensors_at_every_offset_in_a_quad_follow_float64_on_both_f32_paths() {
                 "{what}: norm {} vs {norm}",
                 report.total_norm
             );
-            for t in 0..SIZES.len() {
+            assert_eq!(report.tensor_norms.len(), SIZES.len(), "{what}");
+            for (t, (&size, &got)) in SIZES.iter().zip(&report.tensor_norms).enumerate() {
                 let want = reference::norm(tensor(&data, t), order);
-                let got = report.tensor_norms[t] as f64;
                 assert!(
-                    rel_diff(got, want) <= 1e-5,
-                    "{what}: tensor {t} ({} elements) norm {got} vs {want}",
-                    SIZES[t]
+                    rel_diff(got as f64, want) <= 1e-5,
+                    "{what}: tensor {t} ({size} elements) norm {got} vs {want}"
                 );
             }
             let max_norm = c.max_norm() as f64;
