@@ -1,6 +1,6 @@
 //! Host mirrors of the records declared in `shaders/common.wgsl`. Their byte
 //! layouts and the constants below are read back from the WGSL with naga in
-//! the test suite (`tests/shaders.rs`), so a change on one side that is not
+//! the test suite (`tests/native/shaders.rs`), so a change on one side that is not
 //! made on the other fails a test.
 
 use bytemuck::{Pod, Zeroable};

@@ -1,5 +1,5 @@
 //! What each golden case runs and what it must give, shared by the native
-//! suite (`tests/golden.rs`) and the browser suite (`tests/web_golden.rs`):
+//! suite (`tests/native/golden.rs`) and the browser suite (`tests/web_golden.rs`):
 //! only how the clip is run and read back differs between them.
 
 use gradclip::{ClipNorm, ClipReport, Error, GradSet, Norm};

@@ -2,7 +2,7 @@
 //! clipping, split norm and clip across shards and devices, gradients spread
 //! over several buffers, and ordered asynchronous reports.
 
-mod common;
+use crate::common;
 
 use common::reference::{self, assert_close, assert_identical, Order};
 use common::{

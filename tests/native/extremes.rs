@@ -2,7 +2,7 @@
 //! subnormals, such as SwiftShader) and norm orders near the smallest
 //! allowed p.
 
-mod common;
+use crate::common;
 
 use common::adaptive_reference::Rng;
 use common::reference::{self, assert_close, Order};

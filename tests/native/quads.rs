@@ -7,7 +7,7 @@
 //!    quad) give the same bits as vec4 windows;
 //!  - everything matches the float64 reference.
 
-mod common;
+use crate::common;
 
 use common::adaptive_reference::Rng;
 use common::reference::{self, Order};

@@ -2,7 +2,7 @@
 //! reports are asynchronous and optional, a no-clip step dispatches no scale
 //! workgroup, and results repeat bit for bit.
 
-mod common;
+use crate::common;
 
 use common::reference::{self, assert_close, assert_identical, Order};
 use common::{assert_no_wgpu_errors, download, gpu, run_clip, upload};

@@ -2,7 +2,7 @@
 //! `total_norm`) and the GPU (`clip_with_partial_from`) accept exactly the
 //! same bytes and agree on the norm of every one they accept.
 
-mod common;
+use crate::common;
 
 use common::{assert_no_wgpu_errors, download, gpu, upload};
 use gradclip::{ClipNorm, Error, GradLayout, Norm, NormPartial};

@@ -2,7 +2,7 @@
 //! norms, subnormal inputs, norms past f32::MAX, 10^7-element accuracy, and
 //! gradients split over several binding windows.
 
-mod common;
+use crate::common;
 
 use common::reference::{self, assert_close, Order};
 use common::{assert_no_wgpu_errors, download, rel_diff, run_clip, upload};

@@ -4,7 +4,7 @@
 //! computed in float64 from the exact decoded inputs, with the `half` crate
 //! (not gradclip's WGSL) as the decoder and round-to-nearest-even encoder.
 
-mod common;
+use crate::common;
 
 use common::reference::{self, Order};
 use common::{assert_no_wgpu_errors, gpu, rel_diff, GRAD_USAGE};

@@ -1,7 +1,7 @@
 //! One GradSet shared by many threads (it is Sync): every submission is
 //! accepted, and every step's report is delivered once or counted as dropped.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;

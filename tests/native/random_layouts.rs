@@ -2,7 +2,7 @@
 //! 70 000, magnitudes across the whole f32 range) against the float64
 //! reference, for every norm order and both semantics.
 
-mod common;
+use crate::common;
 
 use common::reference::{self, assert_close, assert_identical, Order};
 use common::{rel_diff, run_clip};

@@ -2,9 +2,9 @@
 //! the coefficient on load equals `clip_norm` + a plain step, bit for bit,
 //! including non-finite norms; with `error_if_nonfinite` the step is skipped.
 
-mod common;
+use crate::common;
 
-#[path = "../examples/fused_sgd/sgd.rs"]
+#[path = "../../examples/fused_sgd/sgd.rs"]
 mod sgd;
 
 use common::reference::assert_identical;

@@ -2,7 +2,7 @@
 //! scratch, stats and reports; going back to the previous places makes no
 //! new GPU object; every clip scales the gradients it was recorded with.
 
-mod common;
+use crate::common;
 
 use common::reference::{self, assert_close, Order};
 use common::{assert_no_wgpu_errors, download_all, gpu, upload};

@@ -1,7 +1,7 @@
 //! Reports: never lost silently, never invented for a step that did not
 //! run, newest kept, reads that do not stall, memory only when asked for.
 
-mod common;
+use crate::common;
 
 use common::{assert_no_wgpu_errors, gpu, own_gpu, upload};
 use gradclip::{ClipNorm, Error, GradLayout};
@@ -99,7 +99,7 @@ fn unread_steps_beyond_the_log_are_counted_as_dropped() {
 #[test]
 fn a_rejected_submission_makes_no_report() {
     // The gradient buffer destroyed between record and submit (a mapped one
-    // is refused when recording; see tests/misuse.rs).
+    // is refused when recording; see tests/native/misuse.rs).
     let g = own_gpu();
     let buffer = g.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some("gradients"),

@@ -3,7 +3,7 @@
 //! underflows, the exact float64 norm is the target. The checks themselves
 //! are in `common/checks.rs`, shared with the browser suite.
 
-mod common;
+use crate::common;
 
 use common::checks::{verify, Op};
 use common::golden::cases;

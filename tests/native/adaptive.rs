@@ -3,7 +3,7 @@
 //! the synthetic norm sequence (spikes, a slow drift, a NaN step): every
 //! step's threshold, decision, coefficient and clipped gradients.
 
-mod common;
+use crate::common;
 
 use common::adaptive_reference::{self as reference, Rng, StepOut};
 use common::{assert_no_wgpu_errors, download, gpu, upload};
@@ -712,7 +712,7 @@ fn the_adaptive_records_are_where_the_host_puts_them() {
         let tensors = stats.iter().find(|(n, _)| n == "tensors").unwrap().1;
         assert_eq!(tensors as u64, gradclip::records::STATS_TENSORS_OFFSET);
     });
-    // Both modules declare the same parameter record. (tests/shaders.rs
+    // Both modules declare the same parameter record. (tests/native/shaders.rs
     // validates and translates every entry point for every backend.)
     assert_eq!(params, adagc_params);
 }

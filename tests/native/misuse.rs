@@ -1,7 +1,7 @@
 //! Misuse is a typed error before anything is recorded; nothing reaches the
 //! user's wgpu error handler and nothing is allocated without bound.
 
-mod common;
+use crate::common;
 
 use common::{assert_no_wgpu_errors, download, gpu, own_gpu, upload, GRAD_USAGE};
 use gradclip::{ClipNorm, Error, GradLayout, GradType, Norm};

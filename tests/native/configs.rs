@@ -2,7 +2,7 @@
 //! sees its own max_norm / bounds, in one encoder or across encoders
 //! submitted out of recording order.
 
-mod common;
+use crate::common;
 
 use common::reference::{assert_close, assert_identical};
 use common::{assert_no_wgpu_errors, download, gpu, upload};

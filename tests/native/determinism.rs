@@ -4,7 +4,7 @@
 //! and f16 gradients give the same bits on the native (`shader-f16`) and the
 //! packed path, per-tensor norms and per-tensor clips included.
 
-mod common;
+use crate::common;
 
 use common::{assert_no_wgpu_errors, gpu};
 use gradclip::{ClipNorm, ClipReport, Clipper, ElementPath, GradLayout, GradType, Norm};

@@ -3,7 +3,7 @@
 //! on properties (warm-up, spikes, drift, a NaN step, percentiles, AGC
 //! units). No GPU: these are the yardsticks the GPU tests measure against.
 
-mod common;
+use crate::common;
 
 use common::adaptive_reference::*;
 use gradclip::Semantics;
