@@ -1,12 +1,12 @@
 //! `Clipper`: the shader modules, the one bind-group layout and the pipelines,
-//! created once per device.
+//! each created once per device (the pipelines on first use).
 
 // In the browser wgpu's objects are neither Send nor Sync, and need not be:
 // there is one thread. The Arcs only share them between a Clipper and its
 // GradSets.
 #![cfg_attr(target_arch = "wasm32", allow(clippy::arc_with_non_send_sync))]
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::config::Reduction;
 use crate::dtype::{ElementPath, GradType};
@@ -54,54 +54,44 @@ pub(crate) struct Inner {
     /// where that buffer belongs (see [`Inner::check_owns`]).
     probe_layout: wgpu::BindGroupLayout,
     pipeline_layout: wgpu::PipelineLayout,
-    pub pipelines: Pipelines,
+    pipelines: Pipelines,
     /// Staging buffers that carry each clip's parameters into its encoder.
     pub uploads: Uploads,
-    /// Reduce and scale pipelines per element path, made the first time a
-    /// set needs them (f32's at creation), so that f32-only users compile
-    /// no 16-bit shader.
+    /// The shader modules of each element path, made the first time a set
+    /// binds a window of it; their pipelines are made on first use.
     element_pipelines: Mutex<[Option<Arc<ElementPipelines>>; ElementPath::COUNT]>,
     /// The path f16 buffers take on this clipper.
     f16_path: ElementPath,
     pub workgroup_size: u32,
 }
 
+/// A pipeline compiled the first time a clip records it. Compiling is the
+/// slow part of making a clipper (seconds per pipeline on SwiftShader, and
+/// slow in browsers too), and most programs record only a few of the
+/// pipelines: one norm's reduce, finalize and scale, say.
+type Lazy = OnceLock<wgpu::ComputePipeline>;
+
 /// The finalize pipelines (from the reduce's partials, or from a supplied
 /// total) and the per-tensor statistics, one per reduction kind, shared by
-/// every element type.
+/// every element type; the module they come from.
 #[derive(Debug)]
-pub(crate) struct Pipelines {
-    finalize: [wgpu::ComputePipeline; 3],
-    finish: [wgpu::ComputePipeline; 3],
-    tensor_stats: [wgpu::ComputePipeline; 3],
+struct Pipelines {
+    module: wgpu::ShaderModule,
+    finalize: [Lazy; Reduction::COUNT],
+    finish: [Lazy; Reduction::COUNT],
+    tensor_stats: [Lazy; Reduction::COUNT],
 }
 
-/// The passes that touch the gradients, for one element path.
+/// The passes that touch the gradients, for one element path: its two
+/// modules and their pipelines.
 #[derive(Debug)]
 pub(crate) struct ElementPipelines {
-    reduce: [wgpu::ComputePipeline; 3],
-    pub scale: wgpu::ComputePipeline,
-    pub clamp: wgpu::ComputePipeline,
-}
-
-impl ElementPipelines {
-    pub fn reduce(&self, r: Reduction) -> &wgpu::ComputePipeline {
-        &self.reduce[r.kind() as usize]
-    }
-}
-
-impl Pipelines {
-    pub fn finalize(&self, r: Reduction) -> &wgpu::ComputePipeline {
-        &self.finalize[r.kind() as usize]
-    }
-
-    pub fn finish(&self, r: Reduction) -> &wgpu::ComputePipeline {
-        &self.finish[r.kind() as usize]
-    }
-
-    pub fn tensor_stats(&self, r: Reduction) -> &wgpu::ComputePipeline {
-        &self.tensor_stats[r.kind() as usize]
-    }
+    path: ElementPath,
+    reduce_module: wgpu::ShaderModule,
+    scale_module: wgpu::ShaderModule,
+    reduce: [Lazy; Reduction::COUNT],
+    scale: Lazy,
+    clamp: Lazy,
 }
 
 fn check_limit(what: &'static str, have: u64, need: u64) -> Result<()> {
@@ -176,8 +166,11 @@ pub(crate) fn uniform_entry<T>(binding: u32) -> wgpu::BindGroupLayoutEntry {
 }
 
 impl Clipper {
-    /// Creates the pipelines on `device`; keeps clones of `device` and `queue`.
-    /// f16 gradients take the native path ([`ElementPath::F16Native`]) when
+    /// Prepares clipping on `device`; keeps clones of `device` and `queue`.
+    /// Each pipeline is compiled the first time a clip records it, so the
+    /// first step of each kind (norm, per-tensor norms, value clipping, a
+    /// supplied total) takes longer than the ones after it, and pipelines
+    /// that a program never records are never compiled. f16 gradients take the native path ([`ElementPath::F16Native`]) when
     /// the device was created with `wgpu::Features::SHADER_F16`
     /// ([`default_device`](crate::default_device) asks for it where the
     /// adapter has it), the packed one otherwise.
@@ -255,33 +248,13 @@ impl Clipper {
             bind_group_layouts: &[Some(&bind_group_layout)],
             immediate_size: 0,
         });
-        let finalize = (
-            &shaders::FINALIZE,
-            &create_module(device, &shaders::FINALIZE),
-        );
-        let per_kind = |entry: &str| {
-            Reduction::ALL.map(|r| {
-                make_pipeline(
-                    device,
-                    &pipeline_layout,
-                    finalize,
-                    entry,
-                    workgroup_size,
-                    Some(r),
-                )
-            })
-        };
         let pipelines = Pipelines {
-            finalize: per_kind("finalize"),
-            finish: per_kind("finish_supplied"),
-            tensor_stats: per_kind("tensor_stats"),
+            module: create_module(device, &shaders::FINALIZE),
+            finalize: Default::default(),
+            finish: Default::default(),
+            tensor_stats: Default::default(),
         };
-        let f32_pipelines =
-            make_element_pipelines(device, &pipeline_layout, ElementPath::F32, workgroup_size);
         catch.end()?;
-        let mut element_pipelines: [Option<Arc<ElementPipelines>>; ElementPath::COUNT] =
-            Default::default();
-        element_pipelines[ElementPath::F32.index()] = Some(Arc::new(f32_pipelines));
         Ok(Self {
             inner: Arc::new(Inner {
                 device: device.clone(),
@@ -291,7 +264,7 @@ impl Clipper {
                 pipeline_layout,
                 pipelines,
                 uploads: Uploads::new(device),
-                element_pipelines: Mutex::new(element_pipelines),
+                element_pipelines: Default::default(),
                 f16_path: if native_f16 {
                     ElementPath::F16Native
                 } else {
@@ -362,7 +335,7 @@ impl Inner {
         }
     }
 
-    /// The pipelines of `path`, made on first use (errors caught and returned).
+    /// The modules of `path`, made on first use (errors caught and returned).
     pub fn element_pipelines(&self, path: ElementPath) -> Result<Arc<ElementPipelines>> {
         let mut cache = self
             .element_pipelines
@@ -372,16 +345,98 @@ impl Inner {
             return Ok(made.clone());
         }
         let catch = Catch::begin(&self.device);
-        let made = make_element_pipelines(
-            &self.device,
-            &self.pipeline_layout,
+        let (reduce, scale) = shaders::element_modules(path);
+        let made = ElementPipelines {
             path,
-            self.workgroup_size,
-        );
+            reduce_module: create_module(&self.device, &reduce),
+            scale_module: create_module(&self.device, &scale),
+            reduce: Default::default(),
+            scale: Default::default(),
+            clamp: Default::default(),
+        };
         catch.end()?;
         let made = Arc::new(made);
         cache[path.index()] = Some(made.clone());
         Ok(made)
+    }
+
+    /// The pipeline in `cell`, compiled from `entry` of `module` the first
+    /// time it is asked for (errors caught and returned). Two threads asking
+    /// at once may both compile it; one copy is kept.
+    fn lazy<'a>(
+        &self,
+        cell: &'a Lazy,
+        module: (&PassModule, &wgpu::ShaderModule),
+        entry: &str,
+        reduction: Option<Reduction>,
+    ) -> Result<&'a wgpu::ComputePipeline> {
+        if let Some(made) = cell.get() {
+            return Ok(made);
+        }
+        let catch = Catch::begin(&self.device);
+        let made = make_pipeline(
+            &self.device,
+            &self.pipeline_layout,
+            module,
+            entry,
+            self.workgroup_size,
+            reduction,
+        );
+        catch.end()?;
+        Ok(cell.get_or_init(|| made))
+    }
+
+    /// The reduce pipeline of `elem`'s path for `r`.
+    pub fn reduce<'a>(
+        &self,
+        elem: &'a ElementPipelines,
+        r: Reduction,
+    ) -> Result<&'a wgpu::ComputePipeline> {
+        let module = (&shaders::element_modules(elem.path).0, &elem.reduce_module);
+        self.lazy(&elem.reduce[r.kind() as usize], module, "reduce", Some(r))
+    }
+
+    /// The scale pipeline of `elem`'s path.
+    pub fn scale<'a>(&self, elem: &'a ElementPipelines) -> Result<&'a wgpu::ComputePipeline> {
+        let module = (&shaders::element_modules(elem.path).1, &elem.scale_module);
+        self.lazy(&elem.scale, module, "scale", None)
+    }
+
+    /// The value-clipping pipeline of `elem`'s path.
+    pub fn clamp<'a>(&self, elem: &'a ElementPipelines) -> Result<&'a wgpu::ComputePipeline> {
+        let module = (&shaders::element_modules(elem.path).1, &elem.scale_module);
+        self.lazy(&elem.clamp, module, "clamp_values", None)
+    }
+
+    /// The finalize pipeline for `r` (from the reduce's partials).
+    pub fn finalize(&self, r: Reduction) -> Result<&wgpu::ComputePipeline> {
+        let p = &self.pipelines;
+        let module = (&shaders::FINALIZE, &p.module);
+        self.lazy(&p.finalize[r.kind() as usize], module, "finalize", Some(r))
+    }
+
+    /// The finalize pipeline for `r` from a supplied total.
+    pub fn finish(&self, r: Reduction) -> Result<&wgpu::ComputePipeline> {
+        let p = &self.pipelines;
+        let module = (&shaders::FINALIZE, &p.module);
+        self.lazy(
+            &p.finish[r.kind() as usize],
+            module,
+            "finish_supplied",
+            Some(r),
+        )
+    }
+
+    /// The per-tensor statistics pipeline for `r`.
+    pub fn tensor_stats(&self, r: Reduction) -> Result<&wgpu::ComputePipeline> {
+        let p = &self.pipelines;
+        let module = (&shaders::FINALIZE, &p.module);
+        self.lazy(
+            &p.tensor_stats[r.kind() as usize],
+            module,
+            "tensor_stats",
+            Some(r),
+        )
     }
 }
 
@@ -412,23 +467,6 @@ fn make_pipeline(
         },
         cache: None,
     })
-}
-
-fn make_element_pipelines(
-    device: &wgpu::Device,
-    layout: &wgpu::PipelineLayout,
-    path: ElementPath,
-    workgroup_size: u32,
-) -> ElementPipelines {
-    let (reduce, scale) = shaders::element_modules(path);
-    let reduce = (&reduce, &create_module(device, &reduce));
-    let scale = (&scale, &create_module(device, &scale));
-    ElementPipelines {
-        reduce: Reduction::ALL
-            .map(|r| make_pipeline(device, layout, reduce, "reduce", workgroup_size, Some(r))),
-        scale: make_pipeline(device, layout, scale, "scale", workgroup_size, None),
-        clamp: make_pipeline(device, layout, scale, "clamp_values", workgroup_size, None),
-    }
 }
 
 fn create_module(device: &wgpu::Device, module: &PassModule) -> wgpu::ShaderModule {

@@ -48,7 +48,8 @@ pub(crate) enum Reduction {
 }
 
 impl Reduction {
-    pub const ALL: [Reduction; 3] = [Reduction::L2, Reduction::Inf, Reduction::P];
+    /// How many there are: pipelines specialised per reduction come in arrays of this length.
+    pub const COUNT: usize = 3;
 
     /// The value of the shaders' `KIND` override.
     pub fn kind(self) -> u32 {

@@ -385,11 +385,12 @@ impl AdaptiveClip {
                     "AdaGC on a set rebound since the AdaptiveClip was made",
                 ));
             }
+            set.prepare_scale()?;
             set.record_norm_for_tensor_scale(encoder, clip)?;
             self.encode_pass(encoder);
-            set.scale_from_stats(encoder);
-            return Ok(());
+            return set.scale_from_stats(encoder);
         }
+        set.prepare_own_partial(clip, scale)?;
         let step = set.record_norm_for_adaptive(encoder, clip)?;
         self.encode_pass(encoder);
         set.clip_own_partial_with_max_norm_from(

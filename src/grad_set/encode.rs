@@ -104,10 +104,11 @@ impl GradSet {
     /// ```
     pub fn clip_norm(&self, encoder: &mut wgpu::CommandEncoder, clip: &ClipNorm) -> Result<()> {
         let (reduction, config) = clip.to_record()?;
+        self.prepare_norm(reduction, &config)?;
+        self.prepare_scale()?;
         self.begin(encoder, config, true)?;
-        self.encode_norm(encoder, reduction, &config, None);
-        self.encode_scale(encoder, None);
-        Ok(())
+        self.encode_norm(encoder, reduction, &config, None)?;
+        self.encode_scale(encoder, None)
     }
 
     /// Timestamp queries written by one [`clip_norm_timed`](Self::clip_norm_timed).
@@ -159,11 +160,12 @@ impl GradSet {
                 encoder.resolve_query_set(query_set, 0..1, &probe, 0);
             })?;
         let (reduction, config) = clip.to_record()?;
+        self.prepare_norm(reduction, &config)?;
+        self.prepare_scale()?;
         self.begin(encoder, config, true)?;
         let timing = Some((query_set, first_index));
-        self.encode_norm(encoder, reduction, &config, timing);
-        self.encode_scale(encoder, timing);
-        Ok(())
+        self.encode_norm(encoder, reduction, &config, timing)?;
+        self.encode_scale(encoder, timing)
     }
 
     /// Records the norm, the clip factor and this set's
@@ -213,8 +215,9 @@ impl GradSet {
     ) -> Result<u64> {
         let (reduction, mut config) = clip.to_record()?;
         config.flags |= CFG_NO_SCALE | flags;
+        self.prepare_norm(reduction, &config)?;
         let step = self.begin(encoder, config, true)?;
-        self.encode_norm(encoder, reduction, &config, None);
+        self.encode_norm(encoder, reduction, &config, None)?;
         Ok(step)
     }
 
@@ -267,10 +270,11 @@ impl GradSet {
         let (reduction, mut config) = supplied_config(clip)?;
         partial.check(clip.norm_order())?;
         config.supplied = partial.0;
+        self.inner.finish(reduction)?;
+        self.prepare_scale()?;
         self.begin(encoder, config, true)?;
-        self.encode_finish(encoder, reduction);
-        self.encode_scale(encoder, None);
-        Ok(())
+        self.encode_finish(encoder, reduction)?;
+        self.encode_scale(encoder, None)
     }
 
     /// [`clip_with_partial`](Self::clip_with_partial) with the 16-byte
@@ -312,11 +316,12 @@ impl GradSet {
             .check(device, source, "partial's source buffer", |encoder| {
                 encoder.copy_buffer_to_buffer(source, offset, &self.indirect, 0, 4);
             })?;
+        self.inner.finish(reduction)?;
+        self.prepare_scale()?;
         self.begin(encoder, config, true)?;
         encoder.copy_buffer_to_buffer(source, offset, &self.config, CONFIG_SUPPLIED_OFFSET, bytes);
-        self.encode_finish(encoder, reduction);
-        self.encode_scale(encoder, None);
-        Ok(())
+        self.encode_finish(encoder, reduction)?;
+        self.encode_scale(encoder, None)
     }
 
     /// The first half of an adaptive method's step ([`crate::adaptive`]):
@@ -330,6 +335,18 @@ impl GradSet {
         clip: &ClipNorm,
     ) -> Result<u64> {
         self.record_norm_with(encoder, clip, CFG_KEEP_SCALE)
+    }
+
+    /// Compiles what [`clip_own_partial_with_max_norm_from`](Self::clip_own_partial_with_max_norm_from)
+    /// records, so that an adaptive step can compile everything before its
+    /// first half records anything.
+    pub(crate) fn prepare_own_partial(&self, clip: &ClipNorm, scale: bool) -> Result<()> {
+        let (reduction, _) = supplied_config(clip)?;
+        self.inner.finish(reduction)?;
+        if scale {
+            self.prepare_scale()?;
+        }
+        Ok(())
     }
 
     /// The second half of an adaptive method's step, finishing step `step`
@@ -356,6 +373,10 @@ impl GradSet {
             config.flags |= CFG_NO_SCALE;
         }
         check_recordable(source, "adaptive state buffer")?;
+        self.inner.finish(reduction)?;
+        if scale {
+            self.prepare_scale()?;
+        }
         self.begin_at(encoder, config, step, false)?;
         encoder.copy_buffer_to_buffer(
             &self.stats,
@@ -365,9 +386,9 @@ impl GradSet {
             size_of::<Partial>() as u64,
         );
         encoder.copy_buffer_to_buffer(source, offset, &self.config, CONFIG_MAX_NORM_OFFSET, 4);
-        self.encode_finish(encoder, reduction);
+        self.encode_finish(encoder, reduction)?;
         if scale {
-            self.encode_scale(encoder, None);
+            self.encode_scale(encoder, None)?;
         }
         Ok(())
     }
@@ -375,8 +396,8 @@ impl GradSet {
     /// The scale pass alone, with the factors and the dispatch already in
     /// the stats (written there by AdaGC's pass, [`crate::adaptive`]) and
     /// the config of the `record_norm` recorded just before.
-    pub(crate) fn scale_from_stats(&self, encoder: &mut wgpu::CommandEncoder) {
-        self.encode_scale(encoder, None);
+    pub(crate) fn scale_from_stats(&self, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
+        self.encode_scale(encoder, None)
     }
 
     /// Grid-stride workgroups of the per-tensor chunk walk (what finalize
@@ -422,10 +443,13 @@ impl GradSet {
         if !self.bound.has_elements {
             return Ok(());
         }
+        for (_, elem) in self.window_pipelines() {
+            self.inner.clamp(elem)?;
+        }
         self.begin(encoder, config, false)?;
         let mut pass = self.pass(encoder, "gradclip clamp", None);
         for (bind_group, elem) in self.window_pipelines() {
-            pass.set_pipeline(&elem.clamp);
+            pass.set_pipeline(self.inner.clamp(elem)?);
             pass.set_bind_group(0, bind_group, &[]);
             pass.dispatch_workgroups(self.bound.flat_workgroups, 1, 1);
         }
@@ -494,6 +518,28 @@ impl GradSet {
         })
     }
 
+    /// Compiles what [`encode_norm`](Self::encode_norm) records, if not yet
+    /// compiled: before a clip records anything, so that a failure leaves
+    /// the encoder, the step count and the set untouched.
+    fn prepare_norm(&self, reduction: Reduction, config: &ClipConfig) -> Result<()> {
+        for (_, elem) in self.window_pipelines() {
+            self.inner.reduce(elem, reduction)?;
+        }
+        if config.flags & (CFG_TENSOR_NORMS | CFG_PER_TENSOR) != 0 {
+            self.inner.tensor_stats(reduction)?;
+        }
+        self.inner.finalize(reduction)?;
+        Ok(())
+    }
+
+    /// [`prepare_norm`](Self::prepare_norm) for [`encode_scale`](Self::encode_scale).
+    pub(crate) fn prepare_scale(&self) -> Result<()> {
+        for (_, elem) in self.window_pipelines() {
+            self.inner.scale(elem)?;
+        }
+        Ok(())
+    }
+
     /// The reduce dispatches (one per window) and the finalize dispatch;
     /// timestamps 0, 1 (inside the pass, where the device can) and 2. The
     /// shaders walk per-tensor chunks when the config asks for per-tensor
@@ -504,7 +550,7 @@ impl GradSet {
         reduction: Reduction,
         config: &ClipConfig,
         timing: Timing<'_>,
-    ) {
+    ) -> Result<()> {
         let mut pass = self.pass(
             encoder,
             "gradclip reduce + finalize",
@@ -516,7 +562,7 @@ impl GradSet {
             // norm's bits never depend on the clip's per-tensor options.
             let workgroups = self.bound.flat_workgroups;
             for (bind_group, elem) in self.window_pipelines() {
-                pass.set_pipeline(elem.reduce(reduction));
+                pass.set_pipeline(self.inner.reduce(elem, reduction)?);
                 pass.set_bind_group(0, bind_group, &[]);
                 pass.dispatch_workgroups(workgroups, 1, 1);
             }
@@ -535,26 +581,32 @@ impl GradSet {
         if config.flags & (CFG_TENSOR_NORMS | CFG_PER_TENSOR) != 0 {
             // Every tensor's norm and factor, spread over the device; finalize
             // (one workgroup) then only learns whether any factor is not 1.
-            pass.set_pipeline(self.inner.pipelines.tensor_stats(reduction));
+            pass.set_pipeline(self.inner.tensor_stats(reduction)?);
             pass.dispatch_workgroups(self.bound.tensor_stat_workgroups, 1, 1);
         }
-        pass.set_pipeline(self.inner.pipelines.finalize(reduction));
+        pass.set_pipeline(self.inner.finalize(reduction)?);
         pass.dispatch_workgroups(1, 1, 1);
+        Ok(())
     }
 
     /// The finalize dispatch for a supplied total.
-    fn encode_finish(&self, encoder: &mut wgpu::CommandEncoder, reduction: Reduction) {
+    fn encode_finish(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        reduction: Reduction,
+    ) -> Result<()> {
         let mut pass = self.pass(encoder, "gradclip finish", None);
-        pass.set_pipeline(self.inner.pipelines.finish(reduction));
+        pass.set_pipeline(self.inner.finish(reduction)?);
         pass.set_bind_group(0, &self.bound.bind_groups[0], &[]);
         pass.dispatch_workgroups(1, 1, 1);
+        Ok(())
     }
 
     /// The scale pass, as many workgroups as finalize decided (often none);
     /// timestamps 3 and 4.
-    fn encode_scale(&self, encoder: &mut wgpu::CommandEncoder, timing: Timing<'_>) {
+    fn encode_scale(&self, encoder: &mut wgpu::CommandEncoder, timing: Timing<'_>) -> Result<()> {
         if !self.bound.has_elements {
-            return;
+            return Ok(());
         }
         // The indirect arguments cannot be read from the stats binding
         // itself: a buffer may not be both storage and indirect in one dispatch.
@@ -567,10 +619,11 @@ impl GradSet {
         );
         let mut pass = self.pass(encoder, "gradclip scale", timestamp_writes(timing, 3, 4));
         for (bind_group, elem) in self.window_pipelines() {
-            pass.set_pipeline(&elem.scale);
+            pass.set_pipeline(self.inner.scale(elem)?);
             pass.set_bind_group(0, bind_group, &[]);
             pass.dispatch_workgroups_indirect(&self.indirect, 0);
         }
+        Ok(())
     }
 }
 
