@@ -48,13 +48,18 @@ const ELEM_F32_UNALIGNED: (&str, &str) = (
 );
 /// Starts with `enable f16;`, so it comes first in its modules.
 const ELEM_F16: (&str, &str) = ("elem_f16.wgsl", include_str!("../shaders/elem_f16.wgsl"));
-const ELEM_F16_PACKED: (&str, &str) = (
-    "elem_f16_packed.wgsl",
-    include_str!("../shaders/elem_f16_packed.wgsl"),
+/// f16 and bf16 as u32 words: one element file, after the format's file.
+const ELEM_PACKED16: (&str, &str) = (
+    "elem_packed16.wgsl",
+    include_str!("../shaders/elem_packed16.wgsl"),
 );
-const ELEM_BF16_PACKED: (&str, &str) = (
-    "elem_bf16_packed.wgsl",
-    include_str!("../shaders/elem_bf16_packed.wgsl"),
+const PACKED16_F16: (&str, &str) = (
+    "packed16_f16.wgsl",
+    include_str!("../shaders/packed16_f16.wgsl"),
+);
+const PACKED16_BF16: (&str, &str) = (
+    "packed16_bf16.wgsl",
+    include_str!("../shaders/packed16_bf16.wgsl"),
 );
 
 const REDUCE_ENTRY_POINTS: &[&str] = &["reduce"];
@@ -140,7 +145,8 @@ pub const REDUCE_F16_PACKED: PassModule = PassModule {
         BITS,
         COMMON,
         HALF,
-        ELEM_F16_PACKED,
+        PACKED16_F16,
+        ELEM_PACKED16,
         FOLD,
         REDUCE_FILE,
     ],
@@ -151,7 +157,15 @@ pub const REDUCE_F16_PACKED: PassModule = PassModule {
 /// Scale over f16 gradients written as pairs into `u32` words.
 pub const SCALE_F16_PACKED: PassModule = PassModule {
     name: "gradclip scale f16 packed",
-    files: &[CLIP_STATE, BITS, COMMON, HALF, ELEM_F16_PACKED, SCALE_FILE],
+    files: &[
+        CLIP_STATE,
+        BITS,
+        COMMON,
+        HALF,
+        PACKED16_F16,
+        ELEM_PACKED16,
+        SCALE_FILE,
+    ],
     entry_points: SCALE_ENTRY_POINTS,
     shader_f16: false,
 };
@@ -164,7 +178,8 @@ pub const REDUCE_BF16_PACKED: PassModule = PassModule {
         BITS,
         COMMON,
         HALF,
-        ELEM_BF16_PACKED,
+        PACKED16_BF16,
+        ELEM_PACKED16,
         FOLD,
         REDUCE_FILE,
     ],
@@ -175,7 +190,15 @@ pub const REDUCE_BF16_PACKED: PassModule = PassModule {
 /// Scale over bf16 gradients written as pairs into `u32` words.
 pub const SCALE_BF16_PACKED: PassModule = PassModule {
     name: "gradclip scale bf16 packed",
-    files: &[CLIP_STATE, BITS, COMMON, HALF, ELEM_BF16_PACKED, SCALE_FILE],
+    files: &[
+        CLIP_STATE,
+        BITS,
+        COMMON,
+        HALF,
+        PACKED16_BF16,
+        ELEM_PACKED16,
+        SCALE_FILE,
+    ],
     entry_points: SCALE_ENTRY_POINTS,
     shader_f16: false,
 };
