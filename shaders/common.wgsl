@@ -13,6 +13,10 @@
 // the device's limits; it must be a power of two (tree reductions halve it).
 override WG: u32 = 256u;
 
+// Elements of a flat chunk (Clipper::chunk_elements): the host injects it.
+// The plan never makes a chunk or segment longer.
+override CHUNK: u32 = 32768u;
+
 // The reduction of the reduce and finalize pipelines: 0 = L2, 1 = Inf,
 // 2 = general p. The host makes one pipeline per kind from one entry point.
 override KIND: u32 = 0u;

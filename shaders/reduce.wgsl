@@ -25,14 +25,14 @@ const TBIG_BITS: u32 = 0x55800000u; // 2^44: at or above, scale down by 2^-84
 // Quads each invocation loads per step of the main loop.
 const LANES: u32 = 4u;
 // Segments up to serial_max() elements are folded by one invocation alone,
-// longer ones by the whole workgroup: at most 2 invocations' shares of a
-// 32768-element chunk, never below 256. A workgroup fold of a segment costs
-// its barriers, which on CPU drivers (32 invocations) cost more than one
-// invocation reading two thousand elements; GPUs (256) keep 256.
+// longer ones by the whole workgroup: 2048 on CPU drivers (32 invocations),
+// where a workgroup fold's barriers cost more than one invocation reading
+// two thousand elements, 256 on GPUs (256 invocations). Never below
+// CHUNK / LONG_MAX, so that a chunk has at most LONG_MAX long segments.
 const SERIAL_SPAN: u32 = 65536u;
 
 fn serial_max() -> u32 {
-    return max(SERIAL_SPAN / WG, 256u);
+    return max(SERIAL_SPAN / WG, CHUNK / LONG_MAX);
 }
 
 // Adds one element (its f32 bits; 16-bit inputs are decoded exactly to f32
@@ -310,32 +310,26 @@ fn workgroup_fold(start: u32, len: u32, t: u32, kind: u32) {
     tree_reduce(t, kind);
 }
 
-// Segments shorter than this are folded element by element: for a handful
-// of elements the fast paths' two edge quads and checks cost more than the
-// elements themselves.
+// Segments shorter than tiny_run() are folded element by element: for a
+// handful of elements the fast paths' two edge quads and checks cost more
+// than the elements themselves. At least CHUNK / MID_MAX, so that a chunk
+// has at most MID_MAX medium segments (32 on GPUs, 128 on CPU drivers).
 const TINY_RUN: u32 = 32u;
 
-// One invocation's fold of a run shorter than TINY_RUN, element by element.
-fn tiny_fold(start: u32, len: u32, kind: u32) -> Partial {
-    let r = run_of(start, len);
-    var acc = vec3<f32>(0.0);
-    var flags = 0u;
-    for (var q = start / 4u; q < (r.end + 3u) / 4u; q++) {
-        add_quad(kind, &acc, &flags, quad_in(q, r));
-    }
-    return Partial(acc, flags);
+fn tiny_run() -> u32 {
+    return max(TINY_RUN, CHUNK / MID_MAX);
 }
 
 // Long segments of the chunk being reduced, found by the invocations that
-// scan its segments: at most CHUNK_ELEMENTS / (serial_max() + 1) <= 127 for
-// the host's 32768-element chunks. Their order in the list depends on
-// scheduling; each is folded on its own, so the results do not.
+// scan its segments: fewer than CHUNK / serial_max() <= LONG_MAX. Their
+// order in the list depends on scheduling; each is folded on its own, so
+// the results do not.
 const LONG_MAX: u32 = 128u;
 var<workgroup> long_count: atomic<u32>;
 var<workgroup> long_n: u32;
 var<workgroup> long_list: array<u32, LONG_MAX>;
-// Segments of TINY_RUN to serial_max() elements, listed the same way: at
-// most 32768 / TINY_RUN = 1024 per chunk. A loop over every segment with
+// Segments of tiny_run() to serial_max() elements, listed the same way: at
+// most CHUNK / tiny_run() <= MID_MAX per chunk. A loop over every segment with
 // their fold inside cost the fold on every segment on SwiftShader, which
 // runs a branch's body under a lane mask whether or not a lane takes it
 // (200 000 one-element tensors: reduce 22 -> 61 ms); a loop over the list
@@ -365,8 +359,9 @@ fn reduce_segments(c: u32, t: u32, kind: u32, whole: Partial) {
     workgroupBarrier();
     for (var s = segs.x + t; s < segs.y; s += WG) {
         let sg = chunk_at(s);
-        if sg.len < TINY_RUN {
-            partials[s] = tiny_fold(sg.start, sg.len, kind);
+        if sg.len < tiny_run() {
+            let r = run_of(sg.start, sg.len);
+            partials[s] = exact_quads(r, whole_share(r), kind);
         } else if sg.len <= serial_max() {
             mid_list[min(atomicAdd(&mid_count, 1u), MID_MAX - 1u)] = s;
         } else {

@@ -63,6 +63,9 @@ pub(crate) struct Inner {
     /// The path f16 buffers take on this clipper.
     f16_path: ElementPath,
     pub workgroup_size: u32,
+    /// The longest flat chunk of a set on this device (see
+    /// [`GradSet::chunk_elements`](crate::GradSet::chunk_elements)).
+    pub chunk_elements: u32,
 }
 
 /// A pipeline compiled the first time a clip records it. Compiling is the
@@ -216,6 +219,10 @@ impl Clipper {
             2,
         )?;
         let workgroup_size = workgroup_size(&limits, device_type(device))?;
+        let chunk_elements = match device_type(device) {
+            wgpu::DeviceType::Cpu => shaders::CPU_CHUNK_ELEMENTS,
+            _ => shaders::MIN_CHUNK_ELEMENTS,
+        };
 
         let catch = Catch::begin(device);
         let bind_group_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
@@ -271,6 +278,7 @@ impl Clipper {
                     ElementPath::F16Packed
                 },
                 workgroup_size,
+                chunk_elements,
             }),
         })
     }
@@ -379,7 +387,7 @@ impl Inner {
             &self.pipeline_layout,
             module,
             entry,
-            self.workgroup_size,
+            (self.workgroup_size, self.chunk_elements),
             reduction,
         );
         catch.end()?;
@@ -447,10 +455,13 @@ fn make_pipeline(
     layout: &wgpu::PipelineLayout,
     (module, shader): (&PassModule, &wgpu::ShaderModule),
     entry: &str,
-    workgroup_size: u32,
+    (workgroup_size, chunk_elements): (u32, u32),
     reduction: Option<Reduction>,
 ) -> wgpu::ComputePipeline {
-    let mut constants = vec![(shaders::WORKGROUP_SIZE_OVERRIDE, workgroup_size as f64)];
+    let mut constants = vec![
+        (shaders::WORKGROUP_SIZE_OVERRIDE, workgroup_size as f64),
+        (shaders::CHUNK_OVERRIDE, chunk_elements as f64),
+    ];
     let mut label = format!("{} {entry}", module.name);
     if let Some(r) = reduction {
         constants.push((shaders::KIND_OVERRIDE, r.kind() as f64));

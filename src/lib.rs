@@ -63,7 +63,7 @@ pub use config::{ClipNorm, Norm, Semantics};
 pub use device::default_device;
 pub use dtype::{ElementPath, GradType};
 pub use error::{Error, Result};
-pub use grad_set::{GradSet, CHUNK_ELEMENTS};
+pub use grad_set::GradSet;
 pub use layout::GradLayout;
 pub use partial::NormPartial;
 pub use report::{ClipReport, Reports};

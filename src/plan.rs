@@ -7,11 +7,25 @@ use crate::dtype::GradType;
 use crate::error::{Error, Result};
 use crate::layout::GradLayout;
 use crate::records::{Chunk, Partial, TensorStat, STATS_HEAD_SIZE};
+use crate::shaders::MIN_CHUNK_ELEMENTS;
 
-/// Elements of one chunk: the unit of work of one workgroup in the reduce
-/// and scale passes, and the granularity of the global partials. A tensor's
-/// segments (its part of one chunk) are never longer.
-pub const CHUNK_ELEMENTS: u32 = 32768;
+/// Flat chunks a set of a CPU adapter keeps, if it has the elements, when
+/// picking its chunk length: each chunk is one workgroup's work in the
+/// reduce, so fewer would leave cores idle, and the per-tensor work of a
+/// chunk with many segments lands on one workgroup.
+const MIN_CHUNKS: u64 = 64;
+
+/// The flat chunk length of a layout of `total` elements on a device whose
+/// longest is `longest`: halved from it down to [`MIN_CHUNK_ELEMENTS`]
+/// while the layout would have fewer than [`MIN_CHUNKS`] chunks.
+pub(crate) fn chunk_elements(total: u64, longest: u32) -> u32 {
+    let mut chunk = longest.max(MIN_CHUNK_ELEMENTS);
+    while chunk > MIN_CHUNK_ELEMENTS && total / (chunk as u64) < MIN_CHUNKS {
+        chunk /= 2;
+    }
+    chunk
+}
+
 /// Upper bound on the workgroups of a grid-stride dispatch.
 const MAX_WORKGROUPS: u32 = 2048;
 
@@ -399,6 +413,8 @@ pub(crate) fn plan(
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Bound {
     pub plan: Plan,
+    /// Elements of a flat chunk ([`chunk_elements`]).
+    pub chunk_elements: u32,
     /// The grid the windows sit on (see [`plan`]): each window binds its
     /// cell, `window_bytes` or up to the end of its buffer.
     pub window_bytes: u64,
@@ -419,7 +435,9 @@ impl Bound {
         placed: &Placed<'_>,
         limits: &wgpu::Limits,
         workgroup_size: u32,
+        longest_chunk: u32,
     ) -> Result<Self> {
+        let chunk_elements = chunk_elements(layout.total_elements(), longest_chunk);
         let align = (limits.min_storage_buffer_offset_alignment as u64).max(4);
         let max_binding = limits.max_storage_buffer_binding_size.min(u32::MAX as u64) / 4 * 4;
         too_large("storage offset alignment", align, max_binding)?;
@@ -427,7 +445,7 @@ impl Bound {
         let plan = plan(
             layout,
             &placed.placements,
-            CHUNK_ELEMENTS,
+            chunk_elements,
             window_bytes,
             align,
         )?;
@@ -453,6 +471,7 @@ impl Bound {
                 .clamp(1, cap)
         };
         Ok(Self {
+            chunk_elements,
             window_bytes,
             workgroups: busiest(|w| w.chunk_end - w.chunk_begin),
             flat_workgroups: busiest(|w| w.flat_end - w.flat_begin),
@@ -506,6 +525,23 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chunks_shorten_until_a_layout_makes_enough_of_them() {
+        let cpu = 131072;
+        // 10^7 elements: 76 chunks of the longest length.
+        assert_eq!(chunk_elements(10_000_000, cpu), cpu);
+        assert_eq!(chunk_elements(64 * 131072, cpu), cpu);
+        assert_eq!(chunk_elements(64 * 131072 - 1, cpu), 65536);
+        // 200 000 one-element tensors keep the GPU length (7 chunks).
+        assert_eq!(chunk_elements(200_000, cpu), MIN_CHUNK_ELEMENTS);
+        assert_eq!(chunk_elements(0, cpu), MIN_CHUNK_ELEMENTS);
+        // A GPU's length never changes.
+        assert_eq!(
+            chunk_elements(1 << 40, MIN_CHUNK_ELEMENTS),
+            MIN_CHUNK_ELEMENTS
+        );
+    }
 
     fn packed(layout: &GradLayout) -> Vec<Placement> {
         (0..layout.len())

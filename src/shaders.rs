@@ -284,6 +284,21 @@ pub const WORKGROUP_SIZE_OVERRIDE: &str = "WG";
 /// Name of the pipeline-overridable constant that picks the reduction
 /// (0 = L2, 1 = Inf, 2 = general p) of the reduce and finalize pipelines.
 pub const KIND_OVERRIDE: &str = "KIND";
+/// Name of the pipeline-overridable constant that holds the longest flat
+/// chunk of any set on the device, from which the reduce pass sizes its
+/// lists of a chunk's segments ([`GradSet::chunk_elements`](crate::GradSet::chunk_elements)).
+pub const CHUNK_OVERRIDE: &str = "CHUNK";
+/// Flat chunk length on GPUs, and the shortest anywhere: 128 elements per
+/// invocation of a 256-wide workgroup, so that 10^7 elements still make a
+/// few hundred workgroups.
+pub(crate) const MIN_CHUNK_ELEMENTS: u32 = 32768;
+/// Longest flat chunk on a CPU adapter (a set's are shorter when it has
+/// few elements). Each chunk costs its workgroup a fixed price (its fold,
+/// its partial, the walk's start) that these drivers pay in whole
+/// microseconds: 4x longer chunks made the reduce of 10^7 elements 20-30%
+/// faster on lavapipe and llvmpipe GL and up to ~1.8x on SwiftShader
+/// (examples/bench, docs/bench-cpu-drivers.md).
+pub(crate) const CPU_CHUNK_ELEMENTS: u32 = 131072;
 /// Name of the pipeline-overridable constant that sets the element type of
 /// AGC's gradients and parameters ([`crate::records::agc_dtype`]).
 pub const AGC_DTYPE_OVERRIDE: &str = "DTYPE";

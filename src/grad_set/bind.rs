@@ -40,6 +40,8 @@ pub(super) struct Bindings {
     /// The distinct element paths of the windows, sorted.
     pub paths: Vec<ElementPath>,
     pub has_elements: bool,
+    /// Elements of a flat chunk ([`crate::plan::chunk_elements`]).
+    pub chunk_elements: u32,
     /// Grid-stride workgroups over flat chunks (reduce, global scale, clamp).
     pub flat_workgroups: u32,
     /// Grid-stride workgroups over segments (the per-tensor scale walk).
@@ -108,6 +110,7 @@ impl Bindings {
         let movable = self.movable.as_mut().expect("fits() checked it");
         movable.table_bytes = bytemuck::cast_slice(&bound.plan.table_words()).to_vec();
         movable.record_bytes = record_bytes(bound, uniform_stride);
+        self.chunk_elements = bound.chunk_elements;
         self.flat_workgroups = bound.flat_workgroups;
         self.tensor_workgroups = bound.workgroups;
         self.tensor_stat_workgroups = bound.tensor_stat_workgroups;
@@ -481,6 +484,7 @@ fn bindings(
         window_pipelines,
         paths,
         has_elements: !plan.windows.is_empty(),
+        chunk_elements: bound.chunk_elements,
         flat_workgroups: bound.flat_workgroups,
         tensor_workgroups: bound.workgroups,
         tensor_stat_workgroups: bound.tensor_stat_workgroups,
@@ -500,7 +504,13 @@ impl GradSet {
     /// `placed` says where each tensor of `layout` lives (checked by the caller).
     pub(crate) fn new(inner: Arc<Inner>, layout: &GradLayout, placed: &Placed<'_>) -> Result<Self> {
         let device = &inner.device;
-        let bound = Bound::new(layout, placed, &device.limits(), inner.workgroup_size)?;
+        let bound = Bound::new(
+            layout,
+            placed,
+            &device.limits(),
+            inner.workgroup_size,
+            inner.chunk_elements,
+        )?;
 
         // The loss scale starts as GradScaler's default; set_loss_scaler changes it.
         let scaler = LossScaler::new();
@@ -622,6 +632,7 @@ impl GradSet {
             &placed,
             &self.inner.device.limits(),
             self.inner.workgroup_size,
+            self.inner.chunk_elements,
         )?;
         let stride = uniform_stride(&self.inner.device);
         let windows = window_ranges(&bound, &placed);

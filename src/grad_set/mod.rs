@@ -15,8 +15,6 @@ use crate::scaler::LossScaler;
 mod bind;
 mod encode;
 
-pub use crate::plan::CHUNK_ELEMENTS;
-
 /// Gradients bound to a [`Clipper`](crate::Clipper)'s pipelines: owns the
 /// plan table, the scratch buffers and the bind groups, all made once in
 /// [`Clipper::bind`](crate::Clipper::bind) or
@@ -69,6 +67,19 @@ impl GradSet {
     /// The layout this set was bound with.
     pub fn layout(&self) -> &GradLayout {
         &self.layout
+    }
+
+    /// Elements of one flat chunk of this set: the unit of work of one
+    /// workgroup in the reduce and scale passes and the granularity of the
+    /// global partials (a tensor's segments, its parts of one chunk, are
+    /// never longer). 32768 on GPUs; on CPU adapters (lavapipe, llvmpipe,
+    /// SwiftShader), where each chunk's fixed cost is larger, up to 131072
+    /// for sets with the elements to make at least 64 chunks. Like
+    /// [`Clipper::workgroup_size`](crate::Clipper::workgroup_size) it sets
+    /// the order of the sums: results repeat bit for bit for one layout on
+    /// one adapter.
+    pub fn chunk_elements(&self) -> u32 {
+        self.bound.chunk_elements
     }
 
     /// Number of binding windows: one per stretch of a buffer that fits the

@@ -14,6 +14,7 @@ mod adaptive;
 mod adaptive_reference;
 mod api;
 mod breadth;
+mod chunks;
 mod configs;
 mod determinism;
 mod extremes;

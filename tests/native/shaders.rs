@@ -7,7 +7,7 @@
 use gradclip::records;
 use gradclip::shaders::{
     PassModule, ADAPTIVE, ADAPTIVE_ADAGC, ADAPTIVE_AGC, AGC_DTYPE_OVERRIDE, AGC_WORKGROUP_SIZE,
-    KIND_OVERRIDE, MODULES, WORKGROUP_SIZE_OVERRIDE,
+    CHUNK_OVERRIDE, KIND_OVERRIDE, MODULES, WORKGROUP_SIZE_OVERRIDE,
 };
 
 /// The adaptive methods' modules: no overrides, each with its own layout.
@@ -43,9 +43,12 @@ fn specialised_kind(
     kind: u32,
 ) -> (naga::Module, ModuleInfo) {
     let (module, info) = parse(pass);
+    // The host's chunk sizes: 32768 beside GPU workgroups, 131072 beside CPU ones.
+    let chunk = if wg >= 256 { 32768 } else { 131072 };
     let constants: naga::back::PipelineConstants = [
         (WORKGROUP_SIZE_OVERRIDE.to_string(), wg as f64),
         (KIND_OVERRIDE.to_string(), kind as f64),
+        (CHUNK_OVERRIDE.to_string(), chunk as f64),
     ]
     .into_iter()
     .collect();
