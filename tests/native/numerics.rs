@@ -72,10 +72,54 @@ fn huge_magnitudes_give_the_finite_norm() {
 }
 
 #[test]
+fn chunk_sums_that_are_finite_alone_but_overflow_together() {
+    // Eight elements of 2^62 per 32768-element chunk: each chunk's sum of
+    // squares, 2^127, is a finite f32, and two of them are not. The total
+    // norm, 2^64, is finite, and so must be a fold of the chunks' partials.
+    let mut data = vec![0.5f32; 4 * 32768];
+    for chunk in 0..4 {
+        for k in 0..8 {
+            data[chunk * 32768 + 1000 * k] = if k % 2 == 0 {
+                2f32.powi(62)
+            } else {
+                -(2f32.powi(62))
+            };
+        }
+    }
+    check_norms(
+        &data,
+        &[data.len()],
+        &[Order::L2],
+        1e-6,
+        "2^62 x 8 per chunk",
+    );
+    check_norms(
+        &data,
+        &[32768, 3 * 32768],
+        &[Order::L2],
+        1e-6,
+        "two tensors",
+    );
+}
+
+#[test]
 fn tiny_and_subnormal_magnitudes_are_not_lost() {
     let mut rng = Rng(2);
     let data: Vec<f32> = (0..5000).map(|_| rng.unit() * 1e-25).collect();
     check_norms(&data, &[2500, 2500], &ALL, 1e-5, "1e-25");
+    // Elements whose squares are subnormal (a flushing driver's plain
+    // squares drop them) beside a few whose squares are normal: together
+    // they outweigh those few.
+    let data: Vec<f32> = (0..20_000)
+        .map(|i| {
+            if i % 5000 == 0 {
+                2e-19
+            } else {
+                (1.0 + rng.unit()) * 1e-20
+            }
+        })
+        .collect();
+    check_norms(&data, &[20_000], &ALL, 1e-5, "1e-20 beside 2e-19");
     // Subnormal elements whose norm is a normal float: a flushing device
     // would report 0.
     let data: Vec<f32> = (0..1_000_000).map(|_| rng.unit() * 1e-39).collect();
