@@ -13,8 +13,9 @@
 // the device's limits; it must be a power of two (tree reductions halve it).
 override WG: u32 = 256u;
 
-// Elements of a flat chunk (Clipper::chunk_elements): the host injects it.
-// The plan never makes a chunk or segment longer.
+// The longest flat chunk of any set on this device, injected by the host
+// (GradSet::chunk_elements is a set's own, never longer); the reduce sizes
+// its lists of a chunk's segments from it.
 override CHUNK: u32 = 32768u;
 
 // The reduction of the reduce and finalize pipelines: 0 = L2, 1 = Inf,

@@ -173,8 +173,9 @@ impl Clipper {
     /// Each pipeline is compiled the first time a clip records it, so the
     /// first step of each kind (norm, per-tensor norms, value clipping, a
     /// supplied total) takes longer than the ones after it, and pipelines
-    /// that a program never records are never compiled. f16 gradients take the native path ([`ElementPath::F16Native`]) when
-    /// the device was created with `wgpu::Features::SHADER_F16`
+    /// that a program never records are never compiled. f16 gradients take
+    /// the native path ([`ElementPath::F16Native`]) when the device was
+    /// created with `wgpu::Features::SHADER_F16`
     /// ([`default_device`](crate::default_device) asks for it where the
     /// adapter has it), the packed one otherwise.
     ///
@@ -218,8 +219,9 @@ impl Clipper {
             limits.max_uniform_buffers_per_shader_stage as u64,
             2,
         )?;
-        let workgroup_size = workgroup_size(&limits, device_type(device))?;
-        let chunk_elements = match device_type(device) {
+        let device_type = device_type(device);
+        let workgroup_size = workgroup_size(&limits, device_type)?;
+        let chunk_elements = match device_type {
             wgpu::DeviceType::Cpu => shaders::CPU_CHUNK_ELEMENTS,
             _ => shaders::MIN_CHUNK_ELEMENTS,
         };
@@ -418,33 +420,28 @@ impl Inner {
 
     /// The finalize pipeline for `r` (from the reduce's partials).
     pub fn finalize(&self, r: Reduction) -> Result<&wgpu::ComputePipeline> {
-        let p = &self.pipelines;
-        let module = (&shaders::FINALIZE, &p.module);
-        self.lazy(&p.finalize[r.kind() as usize], module, "finalize", Some(r))
+        self.finalize_module(&self.pipelines.finalize, "finalize", r)
     }
 
     /// The finalize pipeline for `r` from a supplied total.
     pub fn finish(&self, r: Reduction) -> Result<&wgpu::ComputePipeline> {
-        let p = &self.pipelines;
-        let module = (&shaders::FINALIZE, &p.module);
-        self.lazy(
-            &p.finish[r.kind() as usize],
-            module,
-            "finish_supplied",
-            Some(r),
-        )
+        self.finalize_module(&self.pipelines.finish, "finish_supplied", r)
     }
 
     /// The per-tensor statistics pipeline for `r`.
     pub fn tensor_stats(&self, r: Reduction) -> Result<&wgpu::ComputePipeline> {
-        let p = &self.pipelines;
-        let module = (&shaders::FINALIZE, &p.module);
-        self.lazy(
-            &p.tensor_stats[r.kind() as usize],
-            module,
-            "tensor_stats",
-            Some(r),
-        )
+        self.finalize_module(&self.pipelines.tensor_stats, "tensor_stats", r)
+    }
+
+    /// Entry point `entry` of the finalize module for `r`, from its cells.
+    fn finalize_module<'a>(
+        &'a self,
+        cells: &'a [Lazy; Reduction::COUNT],
+        entry: &str,
+        r: Reduction,
+    ) -> Result<&'a wgpu::ComputePipeline> {
+        let module = (&shaders::FINALIZE, &self.pipelines.module);
+        self.lazy(&cells[r.kind() as usize], module, entry, Some(r))
     }
 }
 

@@ -270,8 +270,7 @@ impl GradSet {
         let (reduction, mut config) = supplied_config(clip)?;
         partial.check(clip.norm_order())?;
         config.supplied = partial.0;
-        self.inner.finish(reduction)?;
-        self.prepare_scale()?;
+        self.prepare_finish(reduction, true)?;
         self.begin(encoder, config, true)?;
         self.encode_finish(encoder, reduction)?;
         self.encode_scale(encoder, None)
@@ -316,8 +315,7 @@ impl GradSet {
             .check(device, source, "partial's source buffer", |encoder| {
                 encoder.copy_buffer_to_buffer(source, offset, &self.indirect, 0, 4);
             })?;
-        self.inner.finish(reduction)?;
-        self.prepare_scale()?;
+        self.prepare_finish(reduction, true)?;
         self.begin(encoder, config, true)?;
         encoder.copy_buffer_to_buffer(source, offset, &self.config, CONFIG_SUPPLIED_OFFSET, bytes);
         self.encode_finish(encoder, reduction)?;
@@ -342,11 +340,7 @@ impl GradSet {
     /// first half records anything.
     pub(crate) fn prepare_own_partial(&self, clip: &ClipNorm, scale: bool) -> Result<()> {
         let (reduction, _) = supplied_config(clip)?;
-        self.inner.finish(reduction)?;
-        if scale {
-            self.prepare_scale()?;
-        }
-        Ok(())
+        self.prepare_finish(reduction, scale)
     }
 
     /// The second half of an adaptive method's step, finishing step `step`
@@ -373,10 +367,7 @@ impl GradSet {
             config.flags |= CFG_NO_SCALE;
         }
         check_recordable(source, "adaptive state buffer")?;
-        self.inner.finish(reduction)?;
-        if scale {
-            self.prepare_scale()?;
-        }
+        self.prepare_finish(reduction, scale)?;
         self.begin_at(encoder, config, step, false)?;
         encoder.copy_buffer_to_buffer(
             &self.stats,
@@ -536,6 +527,17 @@ impl GradSet {
     pub(crate) fn prepare_scale(&self) -> Result<()> {
         for (_, elem) in self.window_pipelines() {
             self.inner.scale(elem)?;
+        }
+        Ok(())
+    }
+
+    /// [`prepare_norm`](Self::prepare_norm) for a clip with a supplied
+    /// total: [`encode_finish`](Self::encode_finish), then
+    /// [`encode_scale`](Self::encode_scale) when `scale`.
+    fn prepare_finish(&self, reduction: Reduction, scale: bool) -> Result<()> {
+        self.inner.finish(reduction)?;
+        if scale {
+            self.prepare_scale()?;
         }
         Ok(())
     }
