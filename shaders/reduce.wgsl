@@ -255,11 +255,88 @@ fn p_terms(a: vec4<u32>, log2_m: f32, e: i32, p: f32) -> vec4<f32> {
     return vec4(p_term(a.x, log2_m, e, p), p_term(a.y, log2_m, e, p), p_term(a.z, log2_m, e, p), p_term(a.w, log2_m, e, p));
 }
 
+// The integer p this reduce pipeline is specialised for, 1 to
+// shaders::MAX_POWER, injected by the host (0: general p, and every
+// pipeline of KIND 0 and 1). With it, a term is powered by POWER - 1
+// multiplies, a loop the compiler unrolls: a power chosen per element at
+// run time (a loop or a select of x, x^2, x^4) cost lavapipe a third more
+// time than the whole L2 reduce.
+override POWER: u32 = 0u;
+
+// x^POWER by POWER - 1 multiplies, each within half an ulp.
+fn power(x: vec4<f32>) -> vec4<f32> {
+    var y = x;
+    for (var i = 1u; i < POWER; i++) {
+        y *= x;
+    }
+    return y;
+}
+
+// The p-sum of a share of run r for p = POWER, in one pass: plain powers of
+// |g| (POWER - 1 multiplies each) in LANES accumulators, beside the largest
+// |g|. Kept as (sum / top^p, m, E) when the sum is at least 2^-79, for
+// l2_quads's reason (terms that left the normal range add under 2^-30 of
+// it), and finite: then no term overflowed, and top^p, at most the sum
+// and at least the sum over the share's 2^17 elements, is a normal float.
+// (The sum's size does not matter past that: finalize merges p-sums
+// relative to their largest elements.) Else, or for a share of zeros,
+// returns a zero sum for p_quads to redo. The largest |g| is a float max
+// (cheaper than an integer one where SSE2 is the target): on an accepted
+// share every element is finite and the largest is a normal float (its
+// term is at least the sum over 2^17), where float max is exact.
+fn p_int_quads(r: Run, sh: Share) -> Partial {
+    let abs4 = vec4(ABS_MASK);
+    let y0 = bitcast<vec4<f32>>(edge_bits(r, sh, 0u) & abs4);
+    let y1 = bitcast<vec4<f32>>(edge_bits(r, sh, 1u) & abs4);
+    var m0 = max(y0, y1);
+    var m1 = vec4(0.0);
+    var s0 = power(y0);
+    var s1 = power(y1);
+    var s2 = vec4<f32>(0.0);
+    var s3 = vec4<f32>(0.0);
+    let st = sh.stride;
+    var q = sh.first;
+    for (; q + (LANES - 1u) * st < sh.end; q += LANES * st) {
+        let z0 = bitcast<vec4<f32>>(load_quad(q) & abs4);
+        let z1 = bitcast<vec4<f32>>(load_quad(q + st) & abs4);
+        let z2 = bitcast<vec4<f32>>(load_quad(q + 2u * st) & abs4);
+        let z3 = bitcast<vec4<f32>>(load_quad(q + 3u * st) & abs4);
+        m0 = max(m0, max(z0, z1));
+        m1 = max(m1, max(z2, z3));
+        s0 += power(z0);
+        s1 += power(z1);
+        s2 += power(z2);
+        s3 += power(z3);
+    }
+    for (; q < sh.end; q += st) {
+        let z = bitcast<vec4<f32>>(load_quad(q) & abs4);
+        m0 = max(m0, z);
+        s0 += power(z);
+    }
+    let v = (s0 + s1) + (s2 + s3);
+    let sum = (v.x + v.y) + (v.z + v.w);
+    let bits = bitcast<u32>(sum);
+    if bits < L2_SUM_MIN_BITS || bits >= EXP_MASK {
+        return Partial(vec3(0.0), 0u);
+    }
+    let m = max(m0, m1);
+    let top = max(max(m.x, m.y), max(m.z, m.w));
+    let d = decode(bitcast<u32>(top));
+    return Partial(vec3(sum / power(vec4(top)).x, d.m, f32(d.e)), 0u);
+}
+
 // General p of a share of run r: the largest element first (one cheap
 // pass over quads that the second pass finds in cache), then every term
-// relative to it, so each element costs one log2 and one exp2 and the sum
-// never over- or underflows: s >= 1 (the largest element's own term).
+// relative to it, so the sum never over- or underflows: s >= 1 (the
+// largest element's own term), at the price of a decode, one log2 and one
+// exp2 per element. An integer p tries p_int_quads first.
 fn p_quads(r: Run, sh: Share) -> Partial {
+    if POWER != 0u {
+        let direct = p_int_quads(r, sh);
+        if direct.v.x != 0.0 {
+            return direct;
+        }
+    }
     let top = max_quads(r, sh);
     if top >= EXP_MASK {
         return exact_quads(r, sh, 2u);

@@ -92,7 +92,7 @@ pub(crate) struct ElementPipelines {
     path: ElementPath,
     reduce_module: wgpu::ShaderModule,
     scale_module: wgpu::ShaderModule,
-    reduce: [Lazy; Reduction::COUNT],
+    reduce: [Lazy; Reduction::REDUCE_VARIANTS],
     scale: Lazy,
     clamp: Lazy,
 }
@@ -378,7 +378,7 @@ impl Inner {
         cell: &'a Lazy,
         module: (&PassModule, &wgpu::ShaderModule),
         entry: &str,
-        reduction: Option<Reduction>,
+        specialised: Specialised,
     ) -> Result<&'a wgpu::ComputePipeline> {
         if let Some(made) = cell.get() {
             return Ok(made);
@@ -390,7 +390,7 @@ impl Inner {
             module,
             entry,
             (self.workgroup_size, self.chunk_elements),
-            reduction,
+            specialised,
         );
         catch.end()?;
         Ok(cell.get_or_init(|| made))
@@ -403,19 +403,20 @@ impl Inner {
         r: Reduction,
     ) -> Result<&'a wgpu::ComputePipeline> {
         let module = (&shaders::element_modules(elem.path).0, &elem.reduce_module);
-        self.lazy(&elem.reduce[r.kind() as usize], module, "reduce", Some(r))
+        let cell = &elem.reduce[r.reduce_variant()];
+        self.lazy(cell, module, "reduce", Specialised::Reduce(r))
     }
 
     /// The scale pipeline of `elem`'s path.
     pub fn scale<'a>(&self, elem: &'a ElementPipelines) -> Result<&'a wgpu::ComputePipeline> {
         let module = (&shaders::element_modules(elem.path).1, &elem.scale_module);
-        self.lazy(&elem.scale, module, "scale", None)
+        self.lazy(&elem.scale, module, "scale", Specialised::No)
     }
 
     /// The value-clipping pipeline of `elem`'s path.
     pub fn clamp<'a>(&self, elem: &'a ElementPipelines) -> Result<&'a wgpu::ComputePipeline> {
         let module = (&shaders::element_modules(elem.path).1, &elem.scale_module);
-        self.lazy(&elem.clamp, module, "clamp_values", None)
+        self.lazy(&elem.clamp, module, "clamp_values", Specialised::No)
     }
 
     /// The finalize pipeline for `r` (from the reduce's partials).
@@ -441,28 +442,45 @@ impl Inner {
         r: Reduction,
     ) -> Result<&'a wgpu::ComputePipeline> {
         let module = (&shaders::FINALIZE, &self.pipelines.module);
-        self.lazy(&cells[r.kind() as usize], module, entry, Some(r))
+        self.lazy(
+            &cells[r.kind() as usize],
+            module,
+            entry,
+            Specialised::Kind(r),
+        )
     }
 }
 
-/// The pipeline of `entry` in `module`; with a reduction, specialised for it
-/// through the `KIND` override.
+/// What a pipeline is specialised for beside the device's sizes.
+#[derive(Clone, Copy)]
+enum Specialised {
+    No,
+    /// A finalize-module pipeline: the `KIND` override.
+    Kind(Reduction),
+    /// A reduce pipeline: `KIND` and the reduce module's own `POWER`.
+    Reduce(Reduction),
+}
+
+/// The pipeline of `entry` in `module`, specialised through its overrides.
 fn make_pipeline(
     device: &wgpu::Device,
     layout: &wgpu::PipelineLayout,
     (module, shader): (&PassModule, &wgpu::ShaderModule),
     entry: &str,
     (workgroup_size, chunk_elements): (u32, u32),
-    reduction: Option<Reduction>,
+    specialised: Specialised,
 ) -> wgpu::ComputePipeline {
     let mut constants = vec![
         (shaders::WORKGROUP_SIZE_OVERRIDE, workgroup_size as f64),
         (shaders::CHUNK_OVERRIDE, chunk_elements as f64),
     ];
     let mut label = format!("{} {entry}", module.name);
-    if let Some(r) = reduction {
+    if let Specialised::Kind(r) | Specialised::Reduce(r) = specialised {
         constants.push((shaders::KIND_OVERRIDE, r.kind() as f64));
         label = format!("{label} {r:?}");
+    }
+    if let Specialised::Reduce(r) = specialised {
+        constants.push((shaders::POWER_OVERRIDE, r.power() as f64));
     }
     device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
         label: Some(&label),

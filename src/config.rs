@@ -5,6 +5,7 @@ use crate::records::{
     ClipConfig, CFG_ERROR_IF_NONFINITE, CFG_PER_TENSOR, CFG_TENSOR_NORMS, CFG_UNSCALE,
     SEMANTICS_TENSORFLOW, SEMANTICS_TORCH,
 };
+use crate::shaders::MAX_POWER;
 
 /// The order of the global norm.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -44,19 +45,47 @@ pub enum Semantics {
 pub(crate) enum Reduction {
     L2,
     Inf,
-    P,
+    /// General p. `power` is p when p is an integer from 1 to
+    /// [`MAX_POWER`], for which the reduce pipeline is specialised (the
+    /// shaders' `POWER` override), and 0 for any other p.
+    P {
+        power: u32,
+    },
 }
 
 impl Reduction {
     /// How many there are: pipelines specialised per reduction come in arrays of this length.
     pub const COUNT: usize = 3;
+    /// Reduce pipelines: one per reduction and one more per integer power.
+    pub const REDUCE_VARIANTS: usize = Self::COUNT + MAX_POWER as usize;
+
+    /// The general-p reduction of order `p`.
+    pub fn p(p: f32) -> Self {
+        let integer = p.fract() == 0.0 && (1.0..=MAX_POWER as f32).contains(&p);
+        Reduction::P {
+            power: if integer { p as u32 } else { 0 },
+        }
+    }
+
+    /// The value of the reduce shader's `POWER` override.
+    pub fn power(self) -> u32 {
+        match self {
+            Reduction::P { power } => power,
+            _ => 0,
+        }
+    }
+
+    /// Which of the [`REDUCE_VARIANTS`](Self::REDUCE_VARIANTS) reduce pipelines runs it.
+    pub fn reduce_variant(self) -> usize {
+        self.kind() as usize + self.power() as usize
+    }
 
     /// The value of the shaders' `KIND` override.
     pub fn kind(self) -> u32 {
         match self {
             Reduction::L2 => 0,
             Reduction::Inf => 1,
-            Reduction::P => 2,
+            Reduction::P { .. } => 2,
         }
     }
 }
@@ -220,11 +249,11 @@ impl ClipNorm {
         let (reduction, p) = match self.norm {
             Norm::L2 => (Reduction::L2, 2.0),
             Norm::Inf => (Reduction::Inf, f32::INFINITY),
-            Norm::L1 => (Reduction::P, 1.0),
+            Norm::L1 => (Reduction::p(1.0), 1.0),
             Norm::P(p) if p.is_nan() || p < Norm::MIN_P => return Err(Error::InvalidNormOrder(p)),
             Norm::P(p) if p == f32::INFINITY => (Reduction::Inf, p),
             Norm::P(p) if p == 2.0 => (Reduction::L2, p),
-            Norm::P(p) => (Reduction::P, p),
+            Norm::P(p) => (Reduction::p(p), p),
         };
         let semantics = match self.semantics {
             Semantics::Torch => SEMANTICS_TORCH,

@@ -35,7 +35,7 @@ pub struct NormPartial(pub(crate) Partial);
 fn general_p(norm: Norm) -> Result<Option<f64>> {
     let (reduction, config) = crate::ClipNorm::new(1.0).norm(norm).to_record()?;
     Ok(match reduction {
-        crate::config::Reduction::P => Some(config.p as f64),
+        crate::config::Reduction::P { .. } => Some(config.p as f64),
         _ => None,
     })
 }

@@ -284,6 +284,14 @@ pub const WORKGROUP_SIZE_OVERRIDE: &str = "WG";
 /// Name of the pipeline-overridable constant that picks the reduction
 /// (0 = L2, 1 = Inf, 2 = general p) of the reduce and finalize pipelines.
 pub const KIND_OVERRIDE: &str = "KIND";
+/// Name of the reduce pass's pipeline-overridable constant that holds the
+/// integer p its pipeline is specialised for (1 to [`MAX_POWER`]; 0 for
+/// any other p and for L2 and Inf).
+pub const POWER_OVERRIDE: &str = "POWER";
+/// Largest integer p with its own reduce pipeline, whose terms are powered
+/// by multiplication: p - 1 multiplies per element beside the general
+/// path's log2 and exp2, and one pipeline per p that a program uses.
+pub const MAX_POWER: u32 = 8;
 /// Name of the pipeline-overridable constant that holds the longest flat
 /// chunk of any set on the device, from which the reduce pass sizes its
 /// lists of a chunk's segments ([`GradSet::chunk_elements`](crate::GradSet::chunk_elements)).

@@ -21,17 +21,16 @@ fn sum_squares(x: &[f32]) -> f32 {
 }
 
 /// Sum of |x|^3, in the same 8 lanes.
-fn sum_cubes(x: &[f32]) -> f32 {
+fn sum_powers(x: &[f32], power: impl Fn(f32) -> f32) -> f32 {
     let mut acc = [0.0f32; 8];
     let chunks = x.chunks_exact(8);
     let tail = chunks.remainder();
     for c in chunks {
         for k in 0..8 {
-            let a = c[k].abs();
-            acc[k] += a * a * a;
+            acc[k] += power(c[k].abs());
         }
     }
-    let tail: f32 = tail.iter().map(|v| v.abs() * v.abs() * v.abs()).sum();
+    let tail: f32 = tail.iter().map(|v| power(v.abs())).sum();
     acc.iter().sum::<f32>() + tail
 }
 
@@ -68,9 +67,14 @@ pub fn clip(
             .fold(0.0f32, f32::max),
         NormKind::P3 => ranges
             .iter()
-            .map(|r| sum_cubes(&grads[r.clone()]))
+            .map(|r| sum_powers(&grads[r.clone()], |a| a * a * a))
             .sum::<f32>()
             .cbrt(),
+        NormKind::P1_5 => ranges
+            .iter()
+            .map(|r| sum_powers(&grads[r.clone()], |a| a * a.sqrt()))
+            .sum::<f32>()
+            .powf(1.0 / 1.5),
     };
     let coef = (max_norm / (total + 1e-6)).min(1.0);
     if coef < 1.0 {

@@ -41,7 +41,7 @@ const DEFAULT_NORMS: [NormKind; 2] = [NormKind::L2, NormKind::Inf];
 /// `--targets`: the cases of the performance targets (issue 10).
 const TARGET_SIZES: [u64; 2] = [10_000_000, 25_000_000];
 const TARGET_TENSORS: [usize; 2] = [1, 10_000];
-const TARGET_NORMS: [NormKind; 3] = [NormKind::L2, NormKind::Inf, NormKind::P3];
+const TARGET_NORMS: [NormKind; 4] = [NormKind::L2, NormKind::Inf, NormKind::P3, NormKind::P1_5];
 const TARGET_ONE_ELEMENT: usize = 200_000;
 
 use measure::{Bench, Buffers, CaseInputs, CpuCase, RooflineCase, Samples};
@@ -76,7 +76,7 @@ struct Args {
     #[arg(long)]
     one_element: Option<usize>,
     /// The cases of the performance targets: sizes 1e7,2.5e7, tensors
-    /// 1,10000, norms l2,inf,p3, --tensor-norms, --one-element 200000
+    /// 1,10000, norms l2,inf,p3,p1.5, --tensor-norms, --one-element 200000
     /// (each unless given explicitly).
     #[arg(long)]
     targets: bool,
@@ -163,7 +163,7 @@ enum NaiveCases {
 impl NaiveCases {
     fn runs(self, norm: NormKind, step: Step) -> bool {
         // The baseline has L2 and Inf kernels only.
-        norm != NormKind::P3
+        norm.p().is_none()
             && match self {
                 NaiveCases::L2Clip => norm == NormKind::L2 && step == Step::Clip,
                 NaiveCases::Clip => step == Step::Clip,
@@ -178,8 +178,23 @@ impl NaiveCases {
 pub enum NormKind {
     L2,
     Inf,
-    /// The p = 3 norm, standing for gradclip's general-p path.
+    /// The p = 3 norm, standing for gradclip's integer-p path (p = 1 to 8).
     P3,
+    /// The p = 1.5 norm, standing for gradclip's path for any other p.
+    #[value(name = "p1.5")]
+    #[serde(rename = "p1.5")]
+    P1_5,
+}
+
+impl NormKind {
+    /// The p of a general-p norm.
+    pub fn p(self) -> Option<f64> {
+        match self {
+            NormKind::L2 | NormKind::Inf => None,
+            NormKind::P3 => Some(3.0),
+            NormKind::P1_5 => Some(1.5),
+        }
+    }
 }
 
 impl std::fmt::Display for NormKind {
@@ -188,6 +203,7 @@ impl std::fmt::Display for NormKind {
             NormKind::L2 => "l2",
             NormKind::Inf => "inf",
             NormKind::P3 => "p3",
+            NormKind::P1_5 => "p1.5",
         })
     }
 }
@@ -850,18 +866,18 @@ fn reference(norm: NormKind, x: &[f32]) -> f64 {
     match norm {
         NormKind::L2 => x.iter().map(|&g| g as f64 * g as f64).sum::<f64>().sqrt(),
         NormKind::Inf => x.iter().fold(0.0f64, |m, &g| m.max(g.abs() as f64)),
-        NormKind::P3 => x
-            .iter()
-            .map(|&g| (g.abs() as f64).powi(3))
-            .sum::<f64>()
-            .cbrt(),
+        NormKind::P3 | NormKind::P1_5 => {
+            let p = norm.p().unwrap();
+            let sum = x.iter().map(|&g| (g.abs() as f64).powf(p)).sum::<f64>();
+            sum.powf(1.0 / p)
+        }
     }
 }
 
 /// Relative tolerance of gradclip's norms against the float64 reference.
 fn tolerance(norm: NormKind) -> f64 {
     match norm {
-        NormKind::L2 | NormKind::P3 => 1e-4,
+        NormKind::L2 | NormKind::P3 | NormKind::P1_5 => 1e-4,
         NormKind::Inf => 0.0,
     }
 }

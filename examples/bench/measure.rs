@@ -236,7 +236,7 @@ impl Bench {
         let clip = gradclip::ClipNorm::new(c.max_norm).norm(match c.norm {
             NormKind::L2 => gradclip::Norm::L2,
             NormKind::Inf => gradclip::Norm::Inf,
-            NormKind::P3 => gradclip::Norm::P(3.0),
+            NormKind::P3 | NormKind::P1_5 => gradclip::Norm::P(c.norm.p().unwrap() as f32),
         });
         let clip_tn = clip.tensor_norms(true);
         if let Some((naive, set)) = c.naive {

@@ -72,6 +72,51 @@ fn huge_magnitudes_give_the_finite_norm() {
 }
 
 #[test]
+fn integer_orders_follow_float64_on_either_side_of_the_plain_window() {
+    // Integer p up to shaders::MAX_POWER have reduce pipelines of their
+    // own that power terms by multiplication and keep a share's plain sum
+    // only inside a window; 9 takes the general path. Each data set puts
+    // shares on one side of the window or the other, or both: terms that
+    // overflow, terms that underflow, zeros, one huge element among small.
+    let mut rng = Rng(9);
+    let mut unit =
+        |n: usize, scale: f32| -> Vec<f32> { (0..n).map(|_| rng.unit() * scale).collect() };
+    let ordinary = unit(70_000, 1.0);
+    let huge = unit(3000, 1e25);
+    let tiny = unit(3000, 1e-20);
+    let mut mixed = unit(100_000, 1e-3);
+    mixed[54_321] = 1e6;
+    mixed[10..20_000].fill(0.0);
+    // Cubes below the normal range (a flushing driver drops them) beside a
+    // few normal ones, which they outweigh together.
+    let mut subnormal_terms: Vec<f32> = unit(20_000, 1e-13).iter().map(|g| g + 1e-13).collect();
+    for g in subnormal_terms.iter_mut().step_by(5000) {
+        *g = 2e-12;
+    }
+    let mut halves = unit(131_072, 1.0);
+    halves[65_536..].copy_from_slice(&unit(65_536, 1e-20));
+    let orders = [1.0, 3.0, 4.0, 8.0, 9.0].map(Order::P);
+    check_norms(&ordinary, &[40_000, 30_000], &orders, 1e-5, "ordinary");
+    check_norms(&huge, &[3000], &orders, 1e-5, "1e25");
+    check_norms(&tiny, &[1000, 2000], &orders, 1e-5, "1e-20");
+    check_norms(
+        &mixed,
+        &[100_000],
+        &orders,
+        1e-5,
+        "one 1e6 among 1e-3 and zeros",
+    );
+    check_norms(&halves, &[131_072], &orders, 1e-5, "1 then 1e-20");
+    check_norms(
+        &subnormal_terms,
+        &[20_000],
+        &[Order::P(3.0)],
+        1e-5,
+        "subnormal cubes",
+    );
+}
+
+#[test]
 fn chunk_sums_that_are_finite_alone_but_overflow_together() {
     // Eight elements of 2^62 per 32768-element chunk: each chunk's sum of
     // squares, 2^127, is a finite f32, and two of them are not. The total

@@ -7,7 +7,7 @@
 use gradclip::records;
 use gradclip::shaders::{
     PassModule, ADAPTIVE, ADAPTIVE_ADAGC, ADAPTIVE_AGC, AGC_DTYPE_OVERRIDE, AGC_WORKGROUP_SIZE,
-    CHUNK_OVERRIDE, KIND_OVERRIDE, MODULES, WORKGROUP_SIZE_OVERRIDE,
+    CHUNK_OVERRIDE, KIND_OVERRIDE, MAX_POWER, MODULES, POWER_OVERRIDE, WORKGROUP_SIZE_OVERRIDE,
 };
 
 /// The adaptive methods' modules: no overrides, each with its own layout.
@@ -33,25 +33,40 @@ fn parse(pass: &PassModule) -> (naga::Module, ModuleInfo) {
 
 /// The module with `WG` and `KIND` set, as the host does when it creates pipelines.
 fn specialised(pass: &PassModule, wg: u32, entry: &str) -> (naga::Module, ModuleInfo) {
-    specialised_kind(pass, wg, entry, 0)
+    specialised_kind(pass, wg, entry, 0, 0)
 }
 
+/// Whether the module declares the override `name` (naga rejects values
+/// for overrides a module does not have, as WebGPU does).
+fn has_override(module: &naga::Module, name: &str) -> bool {
+    module
+        .overrides
+        .iter()
+        .any(|(_, o)| o.name.as_deref() == Some(name))
+}
+
+/// `specialised` for reduction `kind` and, in modules that have it, the
+/// reduce's integer `power` (0: none).
 fn specialised_kind(
     pass: &PassModule,
     wg: u32,
     entry: &str,
     kind: u32,
+    power: u32,
 ) -> (naga::Module, ModuleInfo) {
     let (module, info) = parse(pass);
     // The host's chunk sizes: 32768 beside GPU workgroups, 131072 beside CPU ones.
     let chunk = if wg >= 256 { 32768 } else { 131072 };
-    let constants: naga::back::PipelineConstants = [
+    let mut constants: naga::back::PipelineConstants = [
         (WORKGROUP_SIZE_OVERRIDE.to_string(), wg as f64),
         (KIND_OVERRIDE.to_string(), kind as f64),
         (CHUNK_OVERRIDE.to_string(), chunk as f64),
     ]
     .into_iter()
     .collect();
+    if has_override(&module, POWER_OVERRIDE) {
+        constants.insert(POWER_OVERRIDE.to_string(), power as f64);
+    }
     let (module, info) = naga::back::pipeline_constants::process_overrides(
         &module,
         &info,
@@ -88,15 +103,32 @@ fn every_module_validates_and_lists_exactly_its_entry_points() {
 }
 
 #[test]
+fn exactly_the_reduce_modules_declare_the_power_override() {
+    // The host passes POWER to reduce pipelines only: a value for an
+    // override that a module lacks is an error in naga and in WebGPU.
+    for pass in MODULES {
+        let (module, _) = parse(&pass);
+        assert_eq!(
+            has_override(&module, POWER_OVERRIDE),
+            pass.entry_points.contains(&"reduce"),
+            "{}",
+            pass.name
+        );
+    }
+}
+
+#[test]
 fn every_entry_point_translates_for_every_backend() {
     for pass in MODULES {
-        for (&entry, kind) in pass
+        // KIND 2 also with the reduce's largest integer power.
+        let kinds = [(0, 0), (1, 0), (2, 0), (2, MAX_POWER)];
+        for (&entry, (kind, power)) in pass
             .entry_points
             .iter()
-            .flat_map(|e| (0..3).map(move |k| (e, k)))
+            .flat_map(|e| kinds.map(move |k| (e, k)))
         {
-            let (module, info) = specialised_kind(&pass, 256, entry, kind);
-            let what = format!("{} / {entry} / KIND={kind}", pass.name);
+            let (module, info) = specialised_kind(&pass, 256, entry, kind, power);
+            let what = format!("{} / {entry} / KIND={kind} POWER={power}", pass.name);
 
             let spv_options = spv::Options::default();
             let spv_pipeline = spv::PipelineOptions {
@@ -386,10 +418,7 @@ fn agc_element_types_and_workgroup_size_match_the_host() {
             ("AGC_DTYPE_BF16", records::AGC_DTYPE_BF16),
         ],
     );
-    assert!(module
-        .overrides
-        .iter()
-        .any(|(_, o)| o.name.as_deref() == Some(AGC_DTYPE_OVERRIDE)));
+    assert!(has_override(&module, AGC_DTYPE_OVERRIDE));
     // agc_scale's dispatch divides the words by this size.
     for ep in &module.entry_points {
         assert_eq!(ep.workgroup_size, [AGC_WORKGROUP_SIZE, 1, 1], "{}", ep.name);
