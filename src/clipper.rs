@@ -92,7 +92,8 @@ pub(crate) struct ElementPipelines {
     path: ElementPath,
     reduce_module: wgpu::ShaderModule,
     scale_module: wgpu::ShaderModule,
-    reduce: [Lazy; Reduction::REDUCE_VARIANTS],
+    /// Entry point `reduce` (global results only), then `reduce_tensors`.
+    reduce: [[Lazy; Reduction::REDUCE_VARIANTS]; 2],
     scale: Lazy,
     clamp: Lazy,
 }
@@ -396,15 +397,18 @@ impl Inner {
         Ok(cell.get_or_init(|| made))
     }
 
-    /// The reduce pipeline of `elem`'s path for `r`.
+    /// The reduce pipeline of `elem`'s path for `r`; with the per-segment
+    /// partials of per-tensor results when `per_tensor`.
     pub fn reduce<'a>(
         &self,
         elem: &'a ElementPipelines,
         r: Reduction,
+        per_tensor: bool,
     ) -> Result<&'a wgpu::ComputePipeline> {
         let module = (&shaders::element_modules(elem.path).0, &elem.reduce_module);
-        let cell = &elem.reduce[r.reduce_variant()];
-        self.lazy(cell, module, "reduce", Specialised::Reduce(r))
+        let cell = &elem.reduce[per_tensor as usize][r.reduce_variant()];
+        let entry = if per_tensor { "reduce_tensors" } else { "reduce" };
+        self.lazy(cell, module, entry, Specialised::Reduce(r))
     }
 
     /// The scale pipeline of `elem`'s path.

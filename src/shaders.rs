@@ -62,7 +62,7 @@ const PACKED16_BF16: (&str, &str) = (
     include_str!("../shaders/packed16_bf16.wgsl"),
 );
 
-const REDUCE_ENTRY_POINTS: &[&str] = &["reduce"];
+const REDUCE_ENTRY_POINTS: &[&str] = &["reduce", "reduce_tensors"];
 const SCALE_ENTRY_POINTS: &[&str] = &["scale", "clamp_values"];
 
 /// Reduce: per-chunk partial norms (f32 gradients).

@@ -483,7 +483,7 @@ impl GradSet {
         }
         if step != 0 {
             config.step = step as u32;
-            if config.flags & (CFG_TENSOR_NORMS | CFG_PER_TENSOR) != 0 {
+            if per_tensor(&config) {
                 self.tensor_steps.fetch_max(step, Ordering::AcqRel);
             }
         }
@@ -514,9 +514,9 @@ impl GradSet {
     /// the encoder, the step count and the set untouched.
     fn prepare_norm(&self, reduction: Reduction, config: &ClipConfig) -> Result<()> {
         for (_, elem) in self.window_pipelines() {
-            self.inner.reduce(elem, reduction)?;
+            self.inner.reduce(elem, reduction, per_tensor(config))?;
         }
-        if config.flags & (CFG_TENSOR_NORMS | CFG_PER_TENSOR) != 0 {
+        if per_tensor(config) {
             self.inner.tensor_stats(reduction)?;
         }
         self.inner.finalize(reduction)?;
@@ -564,7 +564,7 @@ impl GradSet {
             // norm's bits never depend on the clip's per-tensor options.
             let workgroups = self.bound.flat_workgroups;
             for (bind_group, elem) in self.window_pipelines() {
-                pass.set_pipeline(self.inner.reduce(elem, reduction)?);
+                pass.set_pipeline(self.inner.reduce(elem, reduction, per_tensor(config))?);
                 pass.set_bind_group(0, bind_group, &[]);
                 pass.dispatch_workgroups(workgroups, 1, 1);
             }
@@ -580,7 +580,7 @@ impl GradSet {
             }
         }
         pass.set_bind_group(0, &self.bound.bind_groups[0], &[]);
-        if config.flags & (CFG_TENSOR_NORMS | CFG_PER_TENSOR) != 0 {
+        if per_tensor(config) {
             // Every tensor's norm and factor, spread over the device; finalize
             // (one workgroup) then only learns whether any factor is not 1.
             pass.set_pipeline(self.inner.tensor_stats(reduction)?);
@@ -630,6 +630,11 @@ impl GradSet {
 }
 
 /// The config of a clip with a supplied total.
+/// Whether a clip asks for per-tensor results (norms, or clipping per tensor).
+fn per_tensor(config: &ClipConfig) -> bool {
+    config.flags & (CFG_TENSOR_NORMS | CFG_PER_TENSOR) != 0
+}
+
 fn supplied_config(clip: &ClipNorm) -> Result<(Reduction, ClipConfig)> {
     if clip.reports_tensor_norms() {
         return Err(Error::Unsupported(
