@@ -407,7 +407,11 @@ impl Inner {
     ) -> Result<&'a wgpu::ComputePipeline> {
         let module = (&shaders::element_modules(elem.path).0, &elem.reduce_module);
         let cell = &elem.reduce[per_tensor as usize][r.reduce_variant()];
-        let entry = if per_tensor { "reduce_tensors" } else { "reduce" };
+        let entry = if per_tensor {
+            "reduce_tensors"
+        } else {
+            "reduce"
+        };
         self.lazy(cell, module, entry, Specialised::Reduce(r))
     }
 

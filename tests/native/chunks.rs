@@ -13,15 +13,16 @@ use common::{assert_no_wgpu_errors, download, gpu, rel_diff, upload};
 use gradclip::{ClipNorm, GradLayout, Norm};
 
 /// Segment lengths around every bound of the reduce (32 and 128 elements:
-/// element-wise folds; 2048: one invocation's; longer: the workgroup's;
+/// element-wise folds; 256 on GPUs and 8192 on CPU adapters: one
+/// invocation's; longer: the workgroup's;
 /// longer than a chunk), then whole chunks of 128-element tensors (as many
 /// one-invocation segments as a chunk can hold, 1024) and of 40-element
 /// ones (one-invocation folds on GPUs, element-wise on CPU adapters),
 /// repeated until the set has the elements for 64 chunks of 131072.
 fn sizes() -> Vec<usize> {
-    const PATTERN: [usize; 18] = [
-        1, 5, 31, 64, 100, 127, 128, 500, 2047, 2048, 2049, 5000, 40_000, 131_071, 131_072,
-        200_003, 3, 70_000,
+    const PATTERN: [usize; 22] = [
+        1, 5, 31, 64, 100, 127, 128, 255, 256, 257, 500, 2048, 5000, 8191, 8192, 8193, 40_000,
+        131_071, 131_072, 200_003, 3, 70_000,
     ];
     let mut sizes = Vec::new();
     while sizes.iter().sum::<usize>() < 64 * 131_072 {
