@@ -164,9 +164,10 @@ fn tensor_partials(t: u32) -> vec2<u32> {
     return vec2(plan[i], plan[i + 1u]);
 }
 
-// Whether this clip needs per-tensor results: the reduce pass then also
-// writes the partials of the segments (one tensor's part of one flat chunk)
-// of every flat chunk it reads. The global total never depends on it.
+// Whether this clip needs per-tensor results: the host then runs the
+// reduce pass's reduce_tensors, which also writes the partials of the
+// segments (one tensor's part of one flat chunk) of every flat chunk it
+// reads. The global total never depends on it.
 fn per_tensor_chunks() -> bool {
     return (cfg.flags & (CFG_TENSOR_NORMS | CFG_PER_TENSOR)) != 0u;
 }

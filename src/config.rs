@@ -297,6 +297,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn integer_orders_get_their_own_reduce_pipeline() {
+        let power = |norm| ClipNorm::new(1.0).norm(norm).to_record().unwrap().0.power();
+        assert_eq!(power(Norm::L1), 1);
+        for p in 1..=MAX_POWER {
+            assert_eq!(
+                power(Norm::P(p as f32)),
+                if p == 2 { 0 } else { p },
+                "p = {p}"
+            );
+        }
+        for p in [0.5, 1.5, 2.5, MAX_POWER as f32 + 1.0, 1e30] {
+            assert_eq!(power(Norm::P(p)), 0, "p = {p}");
+        }
+        // Every reduction and power has a pipeline cell of its own.
+        let mut variants: Vec<usize> = [Reduction::L2, Reduction::Inf]
+            .into_iter()
+            .chain((0..=MAX_POWER).map(|power| Reduction::P { power }))
+            .map(Reduction::reduce_variant)
+            .collect();
+        assert!(variants.iter().all(|&v| v < Reduction::REDUCE_VARIANTS));
+        variants.sort();
+        variants.dedup();
+        assert_eq!(variants.len(), Reduction::REDUCE_VARIANTS);
+    }
+
+    #[test]
     fn misuse_is_rejected() {
         for bad in [-1.0, f32::NAN, f32::INFINITY] {
             assert!(matches!(
