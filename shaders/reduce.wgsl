@@ -1,11 +1,12 @@
 // Reduce pass: each workgroup folds whole flat chunks of the gradients into
 // one Partial per chunk, and, when the clip asks for per-tensor results
 // (entry point reduce_tensors), also each of the chunk's segments (one
-// tensor's part of it) into one Partial per segment. Workgroups stride over this window's flat chunks, so
-// the dispatch never exceeds the per-dimension limit and the result of a
-// chunk does not depend on which workgroup took it: the sums are
-// deterministic. The flat partials are computed the same way whether or not
-// per-tensor results are asked for, so asking cannot move the global norm.
+// tensor's part of it) into one Partial per segment. Workgroups stride over
+// this window's flat chunks, so the dispatch never exceeds the
+// per-dimension limit and the result of a chunk does not depend on which
+// workgroup took it: the sums are deterministic. The flat partials are
+// computed the same way whether or not per-tensor results are asked for,
+// so asking cannot move the global norm.
 //
 // Every element path walks a run in the same quads (elem_f32.wgsl) and in
 // the same order, so native and packed f16 give the same bits, and so do

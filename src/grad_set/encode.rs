@@ -543,9 +543,9 @@ impl GradSet {
     }
 
     /// The reduce dispatches (one per window) and the finalize dispatch;
-    /// timestamps 0, 1 (inside the pass, where the device can) and 2. The
-    /// shaders walk per-tensor chunks when the config asks for per-tensor
-    /// results, flat chunks otherwise.
+    /// timestamps 0, 1 (inside the pass, where the device can) and 2. A
+    /// config that asks for per-tensor results takes the `reduce_tensors`
+    /// entry point and the per-tensor statistics pass, any other `reduce`.
     fn encode_norm(
         &self,
         encoder: &mut wgpu::CommandEncoder,
@@ -629,12 +629,12 @@ impl GradSet {
     }
 }
 
-/// The config of a clip with a supplied total.
 /// Whether a clip asks for per-tensor results (norms, or clipping per tensor).
 fn per_tensor(config: &ClipConfig) -> bool {
     config.flags & (CFG_TENSOR_NORMS | CFG_PER_TENSOR) != 0
 }
 
+/// The config of a clip with a supplied total.
 fn supplied_config(clip: &ClipNorm) -> Result<(Reduction, ClipConfig)> {
     if clip.reports_tensor_norms() {
         return Err(Error::Unsupported(
