@@ -75,6 +75,32 @@ pub fn tensorflow_clipped(data: &[f32], norm: f64, clip_norm: f64) -> Vec<f32> {
     data.iter().map(|&g| (g as f64 * coef) as f32).collect()
 }
 
+/// Asserts that `got` holds, in layout order, the norm of each tensor of
+/// `sizes` laid end to end in `data`, each within relative `tol` of its
+/// float64 norm; returns those float64 norms.
+pub fn assert_tensor_norms(
+    got: &[f32],
+    data: &[f32],
+    sizes: &[usize],
+    order: Order,
+    tol: f64,
+    what: &str,
+) -> Vec<f64> {
+    assert_eq!(got.len(), sizes.len(), "{what}: tensor count");
+    let mut start = 0;
+    let mut wants = Vec::with_capacity(sizes.len());
+    for (t, (&n, &g)) in sizes.iter().zip(got).enumerate() {
+        let want = norm(&data[start..start + n], order);
+        assert!(
+            rel_diff(g as f64, want) <= tol,
+            "{what}: tensor {t} ({n} elements) norm {g} vs {want}"
+        );
+        wants.push(want);
+        start += n;
+    }
+    wants
+}
+
 /// Asserts two gradient vectors agree: relative `tol`, an absolute slack of
 /// the smallest normal f32 (GPUs may flush subnormal results), NaN where NaN.
 pub fn assert_close(got: &[f32], want: &[f32], tol: f64, what: &str) {

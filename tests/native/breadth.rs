@@ -51,14 +51,8 @@ fn per_tensor_norms_are_reported_and_named() {
         let clip = ClipNorm::new(1e30).norm(order.to_norm()).tensor_norms(true);
         let (report, after) = run_clip(&data, &SIZES, |set, enc| set.clip_norm(enc, &clip));
         let report = report.unwrap();
-        assert_eq!(report.tensor_norms.len(), SIZES.len());
-        for (i, tensor) in split(&data, &SIZES).iter().enumerate() {
-            let want = reference::norm(tensor, order);
-            assert!(
-                rel_diff(report.tensor_norms[i] as f64, want) <= 1e-5,
-                "{order:?} tensor {i}: {report:?}"
-            );
-        }
+        let what = format!("{order:?}");
+        reference::assert_tensor_norms(&report.tensor_norms, &data, &SIZES, order, 1e-5, &what);
         let names: Vec<&str> = report.named_norms(&layout).map(|(n, _)| n).collect();
         assert_eq!(names[3], "layer3.weight");
         assert_identical(&after, &data, "huge max_norm: untouched");

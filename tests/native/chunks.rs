@@ -9,8 +9,8 @@ use crate::common;
 
 use common::adaptive_reference::Rng;
 use common::reference::{self, Order};
-use common::{assert_no_wgpu_errors, download, gpu, rel_diff, upload};
-use gradclip::{ClipNorm, GradLayout, Norm};
+use common::{gpu, rel_diff, run_clip};
+use gradclip::{ClipNorm, Norm};
 
 /// Segment lengths around every bound of the reduce (32 and 128 elements:
 /// element-wise folds; 256 on GPUs and 8192 on CPU adapters: one
@@ -35,7 +35,6 @@ fn sizes() -> Vec<usize> {
 
 #[test]
 fn long_chunks_follow_float64_for_every_segment_class() {
-    let g = gpu();
     let sizes = sizes();
     let mut rng = Rng::new(21);
     let mut data = Vec::with_capacity(sizes.iter().sum());
@@ -44,7 +43,6 @@ fn long_chunks_follow_float64_for_every_segment_class() {
         let scale = 10f64.powi((t % 7) as i32 - 3);
         data.extend((0..n).map(|_| (rng.normal() * scale) as f32));
     }
-    let layout = GradLayout::from_sizes(&sizes).unwrap();
     let starts: Vec<usize> = sizes
         .iter()
         .scan(0, |at, &n| {
@@ -53,40 +51,30 @@ fn long_chunks_follow_float64_for_every_segment_class() {
         })
         .collect();
     let tensor = |v: &[f32], t: usize| v[starts[t]..starts[t] + sizes[t]].to_vec();
+    let chunk = match gpu().info.device_type {
+        wgpu::DeviceType::Cpu => 131_072,
+        _ => 32_768,
+    };
     for (name, clip, order) in [
         ("L2", ClipNorm::new(1.0), Order::L2),
         ("Inf", ClipNorm::new(0.5).norm(Norm::Inf), Order::Inf),
         ("p=3", ClipNorm::new(1.0).norm(Norm::P(3.0)), Order::P(3.0)),
     ] {
-        let buffer = upload(&g.device, &data);
-        let set = g.clipper.bind(&buffer, &layout).unwrap();
-        if g.info.device_type == wgpu::DeviceType::Cpu {
-            assert_eq!(set.chunk_elements(), 131_072, "{name}");
-        } else {
-            assert_eq!(set.chunk_elements(), 32_768, "{name}");
-        }
-        let mut encoder = g.device.create_command_encoder(&Default::default());
-        set.clip_norm(&mut encoder, &clip.per_tensor(true)).unwrap();
-        g.queue.submit([encoder.finish()]);
-        let report = pollster::block_on(set.read_report()).unwrap();
-        let after = download(&g.device, &g.queue, &buffer, data.len());
-        assert_no_wgpu_errors();
+        let (report, after) = run_clip(&data, &sizes, |set, enc| {
+            assert_eq!(set.chunk_elements(), chunk, "{name}");
+            set.clip_norm(enc, &clip.per_tensor(true))
+        });
+        let report = report.unwrap();
         let total = reference::norm(&data, order);
         assert!(
             rel_diff(report.total_norm as f64, total) <= 1e-5,
             "{name}: norm {} vs {total}",
             report.total_norm
         );
-        assert_eq!(report.tensor_norms.len(), sizes.len(), "{name}");
-        for (t, &got) in report.tensor_norms.iter().enumerate() {
-            let x = tensor(&data, t);
-            let want = reference::norm(&x, order);
-            assert!(
-                rel_diff(got as f64, want) <= 1e-5,
-                "{name}: tensor {t} ({} elements) norm {got} vs {want}",
-                sizes[t]
-            );
-            let clipped = reference::torch_clipped(&x, want, clip.max_norm() as f64);
+        let wants =
+            reference::assert_tensor_norms(&report.tensor_norms, &data, &sizes, order, 1e-5, name);
+        for (t, want) in wants.into_iter().enumerate() {
+            let clipped = reference::torch_clipped(&tensor(&data, t), want, clip.max_norm() as f64);
             reference::assert_close(
                 &tensor(&after, t),
                 &clipped,

@@ -157,14 +157,7 @@ fn tensors_at_every_offset_in_a_quad_follow_float64_on_both_f32_paths() {
                 "{what}: norm {} vs {norm}",
                 report.total_norm
             );
-            assert_eq!(report.tensor_norms.len(), SIZES.len(), "{what}");
-            for (t, (&size, &got)) in SIZES.iter().zip(&report.tensor_norms).enumerate() {
-                let want = reference::norm(tensor(&data, t), order);
-                assert!(
-                    rel_diff(got as f64, want) <= 1e-5,
-                    "{what}: tensor {t} ({size} elements) norm {got} vs {want}"
-                );
-            }
+            reference::assert_tensor_norms(&report.tensor_norms, &data, &SIZES, order, 1e-5, &what);
             let max_norm = c.max_norm() as f64;
             reference::assert_close(
                 &b.after,
