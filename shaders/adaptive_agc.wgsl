@@ -130,7 +130,8 @@ fn maximum(a: f32, b: f32) -> f32 {
 
 // agc_norms — reads: grads and params of each unit, the unit table. Writes:
 // the unit's UnitStat (norms, threshold, factor); the gradients are not touched.
-// Dispatch: (min(units, 65535), 1, 1); workgroups stride over the units.
+// Dispatch: (min(units, L), 1, 1), L the device's per-dimension limit;
+// workgroups stride over the units.
 @compute @workgroup_size(64)
 fn agc_norms(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
              @builtin(local_invocation_index) lid: u32) {
@@ -177,7 +178,8 @@ fn agc_norms(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
 // gradient words holding a clipped unit's element. Writes: those words, their
 // clipped elements multiplied by their unit's factor and rounded to the
 // element type; padding halves and kept units' elements are left as they are.
-// Dispatch: (min(ceil(words / 64), 65535), 1, 1); invocations stride over the words.
+// Dispatch: (min(ceil(words / 64), L), 1, 1), L the device's per-dimension
+// limit; invocations stride over the words.
 @compute @workgroup_size(64)
 fn agc_scale(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let per_word = elements_per_word();

@@ -89,10 +89,10 @@ struct AgcParams {
 /// [`new`](Self::new), f16 or bf16 with [`new_as`](Self::new_as)) packed
 /// with the same [`GradLayout`], each tensor with its shape. Two dispatches
 /// recorded into the caller's encoder: one workgroup per unit finds the
-/// units' norms and factors (striding when there are more than 65535), then
-/// one invocation per 32-bit word of gradients scales the clipped units' elements in
-/// place (16-bit results rounded to nearest even). Stateless; nothing read
-/// back unless asked.
+/// units' norms and factors (striding when there are more than the device's
+/// per-dimension dispatch limit), then one invocation per 32-bit word of
+/// gradients scales the clipped units' elements in place (16-bit results
+/// rounded to nearest even). Stateless; nothing read back unless asked.
 ///
 /// Buffers beyond one storage binding are not supported
 /// ([`Error::Unsupported`]).
@@ -418,12 +418,15 @@ impl AgcClip {
             label: Some("gradclip agc"),
             timestamp_writes: None,
         });
+        // Both shaders stride by the dispatch they get, so any count within
+        // the device's per-dimension limit covers everything.
+        let most = self.device.limits().max_compute_workgroups_per_dimension;
         pass.set_bind_group(0, &self.bind_group, &[]);
         pass.set_pipeline(&self.norms);
-        pass.dispatch_workgroups(self.units.min(65535), 1, 1);
+        pass.dispatch_workgroups(self.units.min(most), 1, 1);
         pass.set_pipeline(&self.scale);
         pass.dispatch_workgroups(
-            self.words.div_ceil(shaders::AGC_WORKGROUP_SIZE).min(65535),
+            self.words.div_ceil(shaders::AGC_WORKGROUP_SIZE).min(most),
             1,
             1,
         );
