@@ -84,7 +84,7 @@ struct WindowInfo {
     flat_begin: u32,       // this window's flat chunks (absolute indices)
     flat_end: u32,
     flat_count: u32,       // flat chunks of all windows
-    flat_workgroups: u32,  // grid-stride workgroups over flat chunks
+    flat_workgroups: u32,  // grid-stride workgroups over flat chunks (scale, clamp)
     ranges_at: u32,        // word index of the per-tensor partial ranges
     _pad: vec2<u32>,
 }
@@ -209,8 +209,8 @@ fn flat_segments(c: u32) -> vec2<u32> {
 }
 
 // Workgroups of the scale and clamp passes' grid-stride dispatches (the
-// host dispatches the same number; the reduce pass always takes
-// win.flat_workgroups).
+// host dispatches the same number; the reduce pass takes one workgroup per
+// flat chunk instead).
 fn stride_workgroups() -> u32 {
     return select(win.flat_workgroups, win.workgroups, scale_by_tensor());
 }

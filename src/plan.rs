@@ -29,6 +29,21 @@ pub(crate) fn chunk_elements(total: u64, longest: u32) -> u32 {
 /// Upper bound on the workgroups of a grid-stride dispatch.
 const MAX_WORKGROUPS: u32 = 2048;
 
+/// A dispatch of one workgroup per item, `count` items, as an `[x, y]`
+/// grid within the per-dimension limit `max_dim`: as few rows as the limit
+/// allows, and the items spread evenly over them, so that at most `y - 1`
+/// workgroups have no item. Workgroup `(i, j)` takes item `i + j x`.
+pub(crate) fn grid(count: u32, max_dim: u32) -> Result<[u32; 2]> {
+    let count = count.max(1);
+    let rows = count.div_ceil(max_dim.max(1));
+    too_large(
+        "workgroup rows of a one-per-chunk dispatch",
+        rows as u64,
+        max_dim as u64,
+    )?;
+    Ok([count.div_ceil(rows), rows])
+}
+
 pub(crate) fn too_large(what: &'static str, needed: u64, limit: u64) -> Result<()> {
     if needed > limit {
         return Err(Error::TooLarge {
@@ -418,9 +433,13 @@ pub(crate) struct Bound {
     /// The grid the windows sit on (see [`plan`]): each window binds its
     /// cell, `window_bytes` or up to the end of its buffer.
     pub window_bytes: u64,
-    /// Grid-stride workgroups over per-tensor chunks, and over flat chunks.
+    /// Grid-stride workgroups over per-tensor chunks, and over flat chunks
+    /// (the scale and clamp passes).
     pub workgroups: u32,
     pub flat_workgroups: u32,
+    /// The reduce's dispatch: one workgroup per flat chunk of the busiest
+    /// window ([`grid`]).
+    pub reduce_grid: [u32; 2],
     /// Workgroups of the per-tensor statistics pass (one invocation per
     /// tensor, striding), for workgroups of `workgroup_size` invocations.
     pub tensor_stat_workgroups: u32,
@@ -470,11 +489,18 @@ impl Bound {
                 .unwrap_or(1)
                 .clamp(1, cap)
         };
+        let most_flat = plan
+            .windows
+            .iter()
+            .map(|w| w.flat_end - w.flat_begin)
+            .max()
+            .unwrap_or(1);
         Ok(Self {
             chunk_elements,
             window_bytes,
             workgroups: busiest(|w| w.chunk_end - w.chunk_begin),
             flat_workgroups: busiest(|w| w.flat_end - w.flat_begin),
+            reduce_grid: grid(most_flat, limits.max_compute_workgroups_per_dimension)?,
             tensor_stat_workgroups: (layout.len() as u64)
                 .div_ceil(workgroup_size as u64)
                 .clamp(1, cap as u64) as u32,
@@ -525,6 +551,30 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grids_cover_every_item_once_within_the_limit() {
+        for max_dim in [1u32, 2, 3, 7, 16, 65535] {
+            for count in (0u32..=300).chain([65535, 65536, 131071, 1 << 20]) {
+                if count.div_ceil(max_dim) > max_dim {
+                    assert!(grid(count, max_dim).is_err(), "{count} in {max_dim}");
+                    continue;
+                }
+                let [x, y] = grid(count, max_dim).unwrap();
+                assert!(x >= 1 && x <= max_dim && y >= 1 && y <= max_dim);
+                let count = count.max(1);
+                // Items i + j x for i < x, j < y are 0 .. x y: all of them
+                // when x y >= count, and the spare ones fewer than a row.
+                assert!(x * y >= count, "{count} in {max_dim}: {x} x {y}");
+                assert!(x * y - count < y, "{count} in {max_dim}: {x} x {y}");
+                assert_eq!(
+                    y,
+                    count.div_ceil(max_dim),
+                    "as few rows as the limit allows"
+                );
+            }
+        }
+    }
 
     #[test]
     fn chunks_shorten_until_a_layout_makes_enough_of_them() {

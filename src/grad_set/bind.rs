@@ -42,8 +42,10 @@ pub(super) struct Bindings {
     pub has_elements: bool,
     /// Elements of a flat chunk ([`crate::plan::chunk_elements`]).
     pub chunk_elements: u32,
-    /// Grid-stride workgroups over flat chunks (reduce, global scale, clamp).
+    /// Grid-stride workgroups over flat chunks (global scale, clamp).
     pub flat_workgroups: u32,
+    /// The reduce's grid: one workgroup per flat chunk.
+    pub reduce_grid: [u32; 2],
     /// Grid-stride workgroups over segments (the per-tensor scale walk).
     pub tensor_workgroups: u32,
     /// Workgroups of the per-tensor statistics pass.
@@ -112,6 +114,7 @@ impl Bindings {
         movable.record_bytes = record_bytes(bound, uniform_stride);
         self.chunk_elements = bound.chunk_elements;
         self.flat_workgroups = bound.flat_workgroups;
+        self.reduce_grid = bound.reduce_grid;
         self.tensor_workgroups = bound.workgroups;
         self.tensor_stat_workgroups = bound.tensor_stat_workgroups;
         self.buffers = placed.buffers.iter().map(|b| (*b).clone()).collect();
@@ -486,6 +489,7 @@ fn bindings(
         has_elements: !plan.windows.is_empty(),
         chunk_elements: bound.chunk_elements,
         flat_workgroups: bound.flat_workgroups,
+        reduce_grid: bound.reduce_grid,
         tensor_workgroups: bound.workgroups,
         tensor_stat_workgroups: bound.tensor_stat_workgroups,
         buffers: placed.buffers.iter().map(|b| (*b).clone()).collect(),

@@ -559,14 +559,14 @@ impl GradSet {
             timestamp_writes(timing, 0, 2),
         );
         if self.bound.has_elements {
-            // The reduce strides over flat chunks whatever the clip asks for
+            // The reduce folds the flat chunks whatever the clip asks for
             // (per-tensor partials come from the same walk), so the global
             // norm's bits never depend on the clip's per-tensor options.
-            let workgroups = self.bound.flat_workgroups;
+            let [x, y] = self.bound.reduce_grid;
             for (bind_group, elem) in self.window_pipelines() {
                 pass.set_pipeline(self.inner.reduce(elem, reduction, per_tensor(config))?);
                 pass.set_bind_group(0, bind_group, &[]);
-                pass.dispatch_workgroups(workgroups, 1, 1);
+                pass.dispatch_workgroups(x, y, 1);
             }
         }
         if let Some((query_set, first)) = timing {

@@ -77,6 +77,20 @@ pub fn assert_no_wgpu_errors() {
 pub fn device_with_binding_limit(
     max_binding: u64,
 ) -> (wgpu::Device, wgpu::Queue, gradclip::Clipper) {
+    let (device, queue, clipper) = device_with_limits("small-binding device", |l| {
+        l.max_storage_buffer_binding_size = max_binding;
+    });
+    assert_eq!(device.limits().max_storage_buffer_binding_size, max_binding);
+    (device, queue, clipper)
+}
+
+/// A second device on the same adapter with the adapter's limits as `edit`
+/// changes them, its errors watched like the shared device's, and its own
+/// clipper.
+pub fn device_with_limits(
+    label: &str,
+    edit: impl FnOnce(&mut wgpu::Limits),
+) -> (wgpu::Device, wgpu::Queue, gradclip::Clipper) {
     let instance =
         wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
     let adapter = pollster::block_on(wgpu::util::initialize_adapter_from_env_or_default(
@@ -84,15 +98,14 @@ pub fn device_with_binding_limit(
     ))
     .expect("adapter");
     let mut limits = adapter.limits();
-    limits.max_storage_buffer_binding_size = max_binding;
+    edit(&mut limits);
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-        label: Some("small-binding device"),
+        label: Some(label),
         required_limits: limits,
         ..Default::default()
     }))
-    .expect("device with a small binding limit");
+    .expect(label);
     watch_errors(&device);
-    assert_eq!(device.limits().max_storage_buffer_binding_size, max_binding);
     let clipper = gradclip::Clipper::new(&device, &queue).expect("Clipper::new");
     (device, queue, clipper)
 }

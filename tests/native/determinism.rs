@@ -60,16 +60,6 @@ fn sizes(seed: u64) -> Vec<usize> {
     (0..n).map(|_| 1 + (rng.next() % 60_000) as usize).collect()
 }
 
-fn buffer(bytes: &[u8]) -> wgpu::Buffer {
-    common::buffers::upload_bytes(&gpu().device, bytes)
-}
-
-fn read_words(buffer: &wgpu::Buffer) -> Vec<u32> {
-    let g = gpu();
-    let floats = common::download_all(&g.device, &g.queue, buffer);
-    floats.iter().map(|x| x.to_bits()).collect()
-}
-
 /// One clip on a fresh buffer holding `bytes`: the report and the buffer's
 /// words afterwards.
 fn clip_once(
@@ -80,15 +70,28 @@ fn clip_once(
     clip: &ClipNorm,
 ) -> (ClipReport, Vec<u32>) {
     let g = gpu();
-    let buf = buffer(bytes);
+    clip_on(&g.device, &g.queue, clipper, layout, ty, bytes, clip)
+}
+
+/// [`clip_once`] on a device of the test's own (`clipper` is that device's).
+fn clip_on(
+    device: &wgpu::Device,
+    queue: &wgpu::Queue,
+    clipper: &Clipper,
+    layout: &GradLayout,
+    ty: GradType,
+    bytes: &[u8],
+    clip: &ClipNorm,
+) -> (ClipReport, Vec<u32>) {
+    let buf = common::buffers::upload_bytes(device, bytes);
     let set = clipper.bind_as(&buf, layout, ty).unwrap();
-    let mut encoder = g.device.create_command_encoder(&Default::default());
+    let mut encoder = device.create_command_encoder(&Default::default());
     set.clip_norm(&mut encoder, clip).unwrap();
-    g.queue.submit([encoder.finish()]);
+    queue.submit([encoder.finish()]);
     let report = pollster::block_on(set.read_report()).unwrap();
-    let words = read_words(&buf);
+    let floats = common::download_all(device, queue, &buf);
     assert_no_wgpu_errors();
-    (report, words)
+    (report, bits(&floats))
 }
 
 fn bits(xs: &[f32]) -> Vec<u32> {
@@ -220,4 +223,97 @@ fn native_and_packed_f16_give_the_same_bits() {
             }
         }
     }
+}
+
+/// The reduce takes one workgroup per flat chunk, laid out on a 2D grid
+/// where one dimension of a dispatch cannot hold them (plan::grid), and the
+/// scale, clamp and per-tensor passes stride with fewer workgroups. A device
+/// whose dispatches hold 7 workgroups per dimension takes a 7 x 6 grid for
+/// the 40 chunks below (two spare workgroups) and 7-workgroup strides
+/// everywhere else; no bit may differ from the full-sized device's, and a
+/// limit of 5 (8 rows of 5 would be needed) is refused at bind.
+#[test]
+fn a_narrow_dispatch_limit_changes_no_bit() {
+    let g = gpu();
+    let (device, queue, narrow) = common::device_with_limits("7-workgroup device", |l| {
+        l.max_compute_workgroups_per_dimension = 7;
+    });
+    assert_eq!(device.limits().max_compute_workgroups_per_dimension, 7);
+    let mut sizes = FIXED.to_vec();
+    sizes.push(1_160_000);
+    let n: usize = sizes.iter().sum();
+    let layout = GradLayout::from_sizes(&sizes).unwrap();
+    let data = values(n, 11);
+    let bytes: &[u8] = bytemuck::cast_slice(&data);
+
+    let probe = common::buffers::upload_bytes(&device, bytes);
+    let set = narrow.bind(&probe, &layout).unwrap();
+    assert_eq!(
+        n.div_ceil(set.chunk_elements() as usize),
+        40,
+        "the layout must make 40 flat chunks"
+    );
+    for norm in NORMS.into_iter().chain([Norm::P(1.5)]) {
+        let base = ClipNorm::new(1e-3).norm(norm);
+        for clip in [base, base.tensor_norms(true), base.per_tensor(true)] {
+            let (want, want_words) = clip_once(&g.clipper, &layout, GradType::F32, bytes, &clip);
+            let (got, got_words) = clip_on(
+                &device,
+                &queue,
+                &narrow,
+                &layout,
+                GradType::F32,
+                bytes,
+                &clip,
+            );
+            assert!(want.coefficient < 1.0, "{clip:?}: the clip must scale");
+            assert_eq!(global(&got), global(&want), "{clip:?}: global results");
+            assert_eq!(
+                bits(&got.tensor_norms),
+                bits(&want.tensor_norms),
+                "{clip:?}: per-tensor norms"
+            );
+            assert_eq!(
+                bits(&got.tensor_coefficients),
+                bits(&want.tensor_coefficients),
+                "{clip:?}: per-tensor factors"
+            );
+            assert!(
+                got_words == want_words,
+                "{clip:?}: clipped gradients differ"
+            );
+        }
+    }
+    let clamped = |device: &wgpu::Device, queue: &wgpu::Queue, clipper: &Clipper| {
+        let buf = common::buffers::upload_bytes(device, bytes);
+        let set = clipper.bind(&buf, &layout).unwrap();
+        let mut encoder = device.create_command_encoder(&Default::default());
+        set.clip_value(&mut encoder, -0.25, 0.5).unwrap();
+        queue.submit([encoder.finish()]);
+        bits(&common::download_all(device, queue, &buf))
+    };
+    let want: Vec<f32> = data.iter().map(|x| x.clamp(-0.25, 0.5)).collect();
+    assert!(
+        clamped(&device, &queue, &narrow) == bits(&want),
+        "clamp on the narrow device"
+    );
+    assert!(
+        clamped(&g.device, &g.queue, &g.clipper) == bits(&want),
+        "clamp"
+    );
+    assert_no_wgpu_errors();
+
+    let (device, _, five) = common::device_with_limits("5-workgroup device", |l| {
+        l.max_compute_workgroups_per_dimension = 5;
+    });
+    let buf = common::buffers::upload_bytes(&device, bytes);
+    match five.bind(&buf, &layout) {
+        Err(gradclip::Error::TooLarge {
+            needed: 8,
+            limit: 5,
+            ..
+        }) => {}
+        other => panic!("40 chunks in 5 x 5 workgroups: {:?}", other.err()),
+    }
+    assert_no_wgpu_errors();
 }
