@@ -479,28 +479,19 @@ impl Bound {
             stats_size(layout.len()),
             max_binding,
         )?;
-        // Enough workgroups for the busiest window, within the dispatch limit.
+        // The busiest window's segments and flat chunks: the grid-stride
+        // passes take that many workgroups within the dispatch limit, the
+        // reduce one per flat chunk.
+        let most = |count: fn(&Window) -> u32| plan.windows.iter().map(count).max().unwrap_or(1);
+        let segments = most(|w| w.chunk_end - w.chunk_begin);
+        let flat = most(|w| w.flat_end - w.flat_begin);
         let cap = MAX_WORKGROUPS.min(limits.max_compute_workgroups_per_dimension);
-        let busiest = |count: fn(&Window) -> u32| {
-            plan.windows
-                .iter()
-                .map(count)
-                .max()
-                .unwrap_or(1)
-                .clamp(1, cap)
-        };
-        let most_flat = plan
-            .windows
-            .iter()
-            .map(|w| w.flat_end - w.flat_begin)
-            .max()
-            .unwrap_or(1);
         Ok(Self {
             chunk_elements,
             window_bytes,
-            workgroups: busiest(|w| w.chunk_end - w.chunk_begin),
-            flat_workgroups: busiest(|w| w.flat_end - w.flat_begin),
-            reduce_grid: grid(most_flat, limits.max_compute_workgroups_per_dimension)?,
+            workgroups: segments.clamp(1, cap),
+            flat_workgroups: flat.clamp(1, cap),
+            reduce_grid: grid(flat, limits.max_compute_workgroups_per_dimension)?,
             tensor_stat_workgroups: (layout.len() as u64)
                 .div_ceil(workgroup_size as u64)
                 .clamp(1, cap as u64) as u32,
