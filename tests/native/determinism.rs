@@ -107,6 +107,24 @@ fn global(r: &ClipReport) -> (u32, u32, [u8; 16]) {
     )
 }
 
+/// Asserts that two clips gave the same bits: the global results, every
+/// tensor's norm and factor, and the gradients' words afterwards.
+fn assert_same_clip(a: (&ClipReport, &[u32]), b: (&ClipReport, &[u32]), what: &str) {
+    assert_eq!(global(a.0), global(b.0), "{what}: global results differ");
+    assert_eq!(
+        bits(&a.0.tensor_norms),
+        bits(&b.0.tensor_norms),
+        "{what}: per-tensor norms differ"
+    );
+    assert_eq!(
+        bits(&a.0.tensor_coefficients),
+        bits(&b.0.tensor_coefficients),
+        "{what}: per-tensor factors differ"
+    );
+    // Not assert_eq: a million words' difference would bury the message.
+    assert!(a.1 == b.1, "{what}: clipped gradients differ");
+}
+
 #[test]
 fn global_norm_ignores_per_tensor_options() {
     let g = gpu();
@@ -201,24 +219,10 @@ fn native_and_packed_f16_give_the_same_bits() {
                 let (a, a_words) = clip_once(&native, &layout, GradType::F16, &bytes, &clip);
                 let (b, b_words) = clip_once(&packed, &layout, GradType::F16, &bytes, &clip);
                 assert!(a.coefficient < 1.0, "{clip:?}: the clip must scale");
-                assert_eq!(
-                    global(&a),
-                    global(&b),
-                    "layout {seed} {clip:?}: global results differ"
-                );
-                assert_eq!(
-                    bits(&a.tensor_norms),
-                    bits(&b.tensor_norms),
-                    "layout {seed} {clip:?}: per-tensor norms differ"
-                );
-                assert_eq!(
-                    bits(&a.tensor_coefficients),
-                    bits(&b.tensor_coefficients),
-                    "{clip:?}: per-tensor factors differ"
-                );
-                assert_eq!(
-                    a_words, b_words,
-                    "layout {seed} {clip:?}: clipped gradients differ"
+                assert_same_clip(
+                    (&a, &a_words),
+                    (&b, &b_words),
+                    &format!("layout {seed} {clip:?}"),
                 );
             }
         }
@@ -267,20 +271,10 @@ fn a_narrow_dispatch_limit_changes_no_bit() {
                 &clip,
             );
             assert!(want.coefficient < 1.0, "{clip:?}: the clip must scale");
-            assert_eq!(global(&got), global(&want), "{clip:?}: global results");
-            assert_eq!(
-                bits(&got.tensor_norms),
-                bits(&want.tensor_norms),
-                "{clip:?}: per-tensor norms"
-            );
-            assert_eq!(
-                bits(&got.tensor_coefficients),
-                bits(&want.tensor_coefficients),
-                "{clip:?}: per-tensor factors"
-            );
-            assert!(
-                got_words == want_words,
-                "{clip:?}: clipped gradients differ"
+            assert_same_clip(
+                (&got, &got_words),
+                (&want, &want_words),
+                &format!("{clip:?}"),
             );
         }
     }
