@@ -805,6 +805,16 @@ fn packed_bytes(layout: &GradLayout, values: &[&[f32]], dtype: GradType) -> Vec<
 /// Padding halves keep their bits. Returns how many units clipped.
 fn agc_against_optax(cases: &[AgcTensor], dtype: GradType) -> usize {
     let g = gpu();
+    agc_against_optax_on(&g.device, &g.queue, cases, dtype)
+}
+
+/// [`agc_against_optax`] on a device of the test's own.
+fn agc_against_optax_on(
+    device: &wgpu::Device,
+    queue: &wgpu::Queue,
+    cases: &[AgcTensor],
+    dtype: GradType,
+) -> usize {
     let cases: Vec<AgcTensor> = cases
         .iter()
         .map(|(shape, units, grad, param)| {
@@ -817,9 +827,9 @@ fn agc_against_optax(cases: &[AgcTensor], dtype: GradType) -> usize {
     let grads: Vec<&[f32]> = cases.iter().map(|c| c.2.as_slice()).collect();
     let params: Vec<&[f32]> = cases.iter().map(|c| c.3.as_slice()).collect();
     let grad_bytes = packed_bytes(&layout, &grads, dtype);
-    let grad_buffer = common::buffers::upload_bytes(&g.device, &grad_bytes);
+    let grad_buffer = common::buffers::upload_bytes(device, &grad_bytes);
     let param_buffer =
-        common::buffers::upload_bytes(&g.device, &packed_bytes(&layout, &params, dtype));
+        common::buffers::upload_bytes(device, &packed_bytes(&layout, &params, dtype));
     let shapes: Vec<(&[usize], gradclip::AgcUnits)> = cases
         .iter()
         .map(|c| {
@@ -832,8 +842,8 @@ fn agc_against_optax(cases: &[AgcTensor], dtype: GradType) -> usize {
         })
         .collect();
     let agc = gradclip::AgcClip::new_as(
-        &g.device,
-        &g.queue,
+        device,
+        queue,
         &grad_buffer,
         &param_buffer,
         &layout,
@@ -842,11 +852,11 @@ fn agc_against_optax(cases: &[AgcTensor], dtype: GradType) -> usize {
         gradclip::Agc::new(reference::AGC_CLIPPING as f32).eps(reference::AGC_EPS as f32),
     )
     .unwrap();
-    let mut encoder = g.device.create_command_encoder(&Default::default());
+    let mut encoder = device.create_command_encoder(&Default::default());
     agc.clip(&mut encoder).unwrap();
-    g.queue.submit([encoder.finish()]);
+    queue.submit([encoder.finish()]);
     let units = pollster::block_on(agc.read_units()).unwrap();
-    let after: Vec<u8> = download(&g.device, &g.queue, &grad_buffer, grad_bytes.len() / 4)
+    let after: Vec<u8> = download(device, queue, &grad_buffer, grad_bytes.len() / 4)
         .iter()
         .flat_map(|x| x.to_le_bytes())
         .collect();
@@ -991,6 +1001,23 @@ fn agc_on_f16_and_bf16_follows_optax_and_never_writes_padding() {
         }
         assert!(clipped > 20, "{dtype:?}: only {clipped} units clipped");
     }
+}
+
+/// A device whose dispatches hold 7 workgroups per dimension: AGC's two
+/// dispatches must stay within it (they were capped at a fixed 65535) and
+/// stride over 300 units and their 1 800 words.
+#[test]
+fn agc_stays_within_a_narrow_dispatch_limit() {
+    let _turn = serial();
+    let (device, queue, _) = common::device_with_limits("7-workgroup device", |l| {
+        l.max_compute_workgroups_per_dimension = 7;
+    });
+    let mut rng = Rng::new(7);
+    let rows = 300;
+    let grad: Vec<f32> = (0..6 * rows).map(|_| (0.3 * rng.normal()) as f32).collect();
+    let param: Vec<f32> = (0..6 * rows).map(|_| rng.normal() as f32).collect();
+    let cases = vec![(vec![rows, 6], reference::Units::Torch, grad, param)];
+    assert!(agc_against_optax_on(&device, &queue, &cases, GradType::F32) > 10);
 }
 
 #[test]
