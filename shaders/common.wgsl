@@ -234,10 +234,21 @@ struct TeamWalk {
 }
 
 fn team_walk(quads: u32, t: u32) -> TeamWalk {
+    let piece = team_piece(quads, t / TEAM);
+    return TeamWalk(piece.x + t % TEAM, piece.y);
+}
+
+// Quads of a run of `quads` quads in one team's piece (the whole run is cut
+// into WG / TEAM of them, each a multiple of TEAM long but the last), as
+// [begin, end) from the run's first inner quad.
+fn team_piece(quads: u32, team: u32) -> vec2<u32> {
+    let begin = min(team * piece_quads(quads), quads);
+    return vec2(begin, min(begin + piece_quads(quads), quads));
+}
+
+fn piece_quads(quads: u32) -> u32 {
     let teams = WG / TEAM;
-    let per = ((quads + teams - 1u) / teams + TEAM - 1u) / TEAM * TEAM;
-    let begin = min((t / TEAM) * per, quads);
-    return TeamWalk(begin + t % TEAM, min(begin + per, quads));
+    return ((quads + teams - 1u) / teams + TEAM - 1u) / TEAM * TEAM;
 }
 
 // A run of window elements [start, end) (a chunk or a segment) as the

@@ -181,7 +181,11 @@ const L2_SUM_MAX_BITS: u32 = 0x6f800000u; // 2^96
 // kept when their sum lies in the window above (what every element in
 // Blue's medium band, and most chunks of real gradients, give); a share
 // of zeros is recognised by its largest element; anything else (non-finite
-// elements, sums out of the window) is redone exactly.
+// elements, sums out of the window) is redone exactly. The squares are
+// added with fma: l2_tracked adds the same quads to the same accumulators
+// and uses each square once more, which must not change how a compiler
+// contracts them, or the global result would depend on asking for
+// per-tensor results.
 fn l2_quads(r: Run, sh: Share) -> Partial {
     let y0 = bitcast<vec4<f32>>(edge_bits(r, sh, 0u));
     let y1 = bitcast<vec4<f32>>(edge_bits(r, sh, 1u));
@@ -196,16 +200,20 @@ fn l2_quads(r: Run, sh: Share) -> Partial {
         let z1 = bitcast<vec4<f32>>(load_quad(q + st));
         let z2 = bitcast<vec4<f32>>(load_quad(q + 2u * st));
         let z3 = bitcast<vec4<f32>>(load_quad(q + 3u * st));
-        s0 += z0 * z0;
-        s1 += z1 * z1;
-        s2 += z2 * z2;
-        s3 += z3 * z3;
+        s0 = fma(z0, z0, s0);
+        s1 = fma(z1, z1, s1);
+        s2 = fma(z2, z2, s2);
+        s3 = fma(z3, z3, s3);
     }
     for (; q < sh.end; q += st) {
         let z = bitcast<vec4<f32>>(load_quad(q));
-        s0 += z * z;
+        s0 = fma(z, z, s0);
     }
-    let v = (s0 + s1) + (s2 + s3);
+    return l2_accept(r, sh, (s0 + s1) + (s2 + s3));
+}
+
+// The L2 partial of a share of run r whose plain squares summed to v.
+fn l2_accept(r: Run, sh: Share, v: vec4<f32>) -> Partial {
     let sum = (v.x + v.y) + (v.z + v.w);
     let bits = bitcast<u32>(sum);
     if bits >= L2_SUM_MIN_BITS && bits < L2_SUM_MAX_BITS {
@@ -242,7 +250,11 @@ fn max_quads(r: Run, sh: Share) -> u32 {
 // Inf of a share of run r: the max of the bits, exact as it is; the
 // element-wise path only to sort out the flags of non-finite elements.
 fn inf_quads(r: Run, sh: Share) -> Partial {
-    let best = max_quads(r, sh);
+    return inf_accept(r, sh, max_quads(r, sh));
+}
+
+// The Inf partial of a share of run r whose largest |g| bits are best.
+fn inf_accept(r: Run, sh: Share, best: u32) -> Partial {
     if best < EXP_MASK {
         return Partial(vec3(bitcast<f32>(best), 0.0, 0.0), 0u);
     }
@@ -400,6 +412,344 @@ fn workgroup_fold(start: u32, len: u32, t: u32, kind: u32) {
     tree_reduce(t, kind);
 }
 
+// Per-tensor results from the flat walk's own loads. A second walk over a
+// chunk, segment by segment, cost CPU drivers as much as the flat walk
+// (their loads, not memory, are the limit: 10^4 tensors of 10^3 elements,
+// reduce_tensors 8.4 ms against reduce's 4.1 on lavapipe). So where a
+// chunk's segments fit in seg_slots, reduce_tensors folds L2 and Inf
+// segments during the flat walk: each lane keeps the plain sum of squares
+// (or the largest bits) of the segment its quads are in and, on leaving
+// it, stores it in the segment's slot for that lane and team. A segment's
+// slots are then folded team by team and lane by lane, its elements in
+// the chunk's edge quads last: a fixed order, so the result is
+// deterministic. It is kept where l2_quads would keep a plain sum (the
+// same window, for the same reason); zero sums, sums out of the window and
+// non-finite elements go to the element-wise and per-segment paths below.
+// The flat walk itself adds the same quads to the same accumulators as
+// l2_quads and max_quads, so the global result keeps its bits.
+
+// Rows of TEAM slots: a chunk of S segments needs S + WG / TEAM - 1 of
+// them (row (s - first segment) + team, one per segment a team's piece
+// holds elements of; consecutive pieces share at most one segment). 192
+// rows take 6 KiB of workgroup memory, which with the rest of the reduce's
+// fits WebGPU's 16 KiB at 256 invocations; they hold chunks of up to 189
+// segments on CPU drivers (131 072-element chunks: segments of 700
+// elements on average), 161 on GPUs (32 768: 200).
+const SLOT_ROWS: u32 = 192u;
+var<workgroup> seg_slots: array<u32, SLOT_ROWS * TEAM>;
+
+// Whether this device's reduce_tensors pipelines fold segments in the
+// flat walk at all, injected by the host (shaders::TRACK_OVERRIDE). Off on
+// SwiftShader, whose Subzero JIT ran the tracked walk slower than two
+// walks (10^4 tensors of 10^3 elements: reduce_tensors 32 ms against 25).
+override TRACK: bool = true;
+
+// Whether reduce_tensors folds the segments [segs.x, segs.y) of a chunk
+// in its flat walk (a uniform choice: it depends on the plan alone).
+fn tracks_segments(segs: vec2<u32>) -> bool {
+    return TRACK && KIND != 2u && segs.y - segs.x > 1u && (segs.y - segs.x) + WG / TEAM - 1u <= SLOT_ROWS;
+}
+
+fn slot(segs: vec2<u32>, s: u32, team: u32, lane: u32) -> u32 {
+    return ((s - segs.x) + team) * TEAM + lane;
+}
+
+// The segment of [segs.x, segs.y) that holds window element e (the last
+// that starts at or before it).
+fn segment_of(segs: vec2<u32>, e: u32) -> u32 {
+    var lo = segs.x;
+    var hi = segs.y;
+    while hi - lo > 1u {
+        let mid = (lo + hi) / 2u;
+        if plan[3u * mid] <= e {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+// A lane's place in the chunk's segments during the tracked walk: segment
+// s, holding elements [lo, hi), with its sum of squares (L2) or largest
+// bits (Inf) so far; the lane's team stores a slot for each segment of
+// its piece, up to `last`.
+struct SegTrack {
+    segs: vec2<u32>,
+    team: u32,
+    lane: u32,
+    s: u32,
+    last: u32,
+    lo: u32,
+    hi: u32,
+    sum: f32,
+    top: vec4<u32>,
+}
+
+// Invocation t's track through the segments segs of run r (a flat chunk).
+fn seg_track(r: Run, segs: vec2<u32>, t: u32) -> SegTrack {
+    let team = t / TEAM;
+    let piece = team_piece(r.inner.y - r.inner.x, team) + vec2(r.inner.x);
+    var tr = SegTrack(segs, team, t % TEAM, 1u, 0u, 0u, 0u, 0.0, vec4(0u));
+    if piece.x < piece.y {
+        tr.s = segment_of(segs, 4u * piece.x);
+        tr.last = segment_of(segs, 4u * piece.y - 1u);
+        let sg = chunk_at(tr.s);
+        tr.lo = sg.start;
+        tr.hi = sg.start + sg.len;
+    }
+    return tr;
+}
+
+// Adds the elements of bits b that `keep` selects to the current segment.
+fn seg_add(tr: ptr<function, SegTrack>, b: vec4<u32>, keep: vec4<bool>) {
+    let a = select(vec4(0u), b & vec4(ABS_MASK), keep);
+    if KIND == 1u {
+        (*tr).top = max((*tr).top, a);
+    } else {
+        let w = bitcast<vec4<f32>>(a);
+        (*tr).sum += dot(w, w);
+    }
+}
+
+// Stores the current segment's slot and moves to the next segment.
+fn seg_flush(tr: ptr<function, SegTrack>) {
+    let t = *tr;
+    var v = max4(t.top);
+    if KIND != 1u {
+        v = bitcast<u32>(t.sum);
+    }
+    seg_slots[slot(t.segs, t.s, t.team, t.lane)] = v;
+    (*tr).sum = 0.0;
+    (*tr).top = vec4(0u);
+    (*tr).s = t.s + 1u;
+    if t.s < t.last {
+        let sg = chunk_at(t.s + 1u);
+        (*tr).lo = sg.start;
+        (*tr).hi = sg.start + sg.len;
+    }
+}
+
+// Adds quad q (bits b) to the segments holding its elements, storing each
+// that ends inside it. The quads of a lane come in ascending order, so
+// none of their elements lies before the current segment.
+fn seg_take(tr: ptr<function, SegTrack>, b: vec4<u32>, q: u32) {
+    let i = vec4(4u * q) + vec4(0u, 1u, 2u, 3u);
+    while (*tr).hi < 4u * q + 4u && (*tr).s < (*tr).last {
+        seg_add(tr, b, (i >= vec4((*tr).lo)) & (i < vec4((*tr).hi)));
+        seg_flush(tr);
+    }
+    seg_add(tr, b, i >= vec4((*tr).lo));
+}
+
+// Adds a main-loop step's quads q + k * st, k < LANES, one of which holds
+// an element of another segment than the current one. Mostly the step
+// holds one boundary, with the next segment going on past it: then the
+// elements before the boundary go to the current segment and the rest to
+// the next, without the per-quad loop of seg_take.
+fn seg_step(tr: ptr<function, SegTrack>, b0: vec4<u32>, b1: vec4<u32>, b2: vec4<u32>, b3: vec4<u32>, q: u32, st: u32) {
+    let t = *tr;
+    if t.s < t.last {
+        let next = chunk_at(t.s + 1u);
+        if next.start == t.hi && next.start + next.len >= 4u * (q + 3u * st) + 4u {
+            let h = vec4(t.hi);
+            let lane = vec4(0u, 1u, 2u, 3u);
+            let in0 = vec4(4u * q) + lane < h;
+            let in1 = vec4(4u * (q + st)) + lane < h;
+            let in2 = vec4(4u * (q + 2u * st)) + lane < h;
+            let in3 = vec4(4u * (q + 3u * st)) + lane < h;
+            let a0 = b0 & vec4(ABS_MASK);
+            let a1 = b1 & vec4(ABS_MASK);
+            let a2 = b2 & vec4(ABS_MASK);
+            let a3 = b3 & vec4(ABS_MASK);
+            var rest = 0u;
+            if KIND == 1u {
+                let before = max(max(select(vec4(0u), a0, in0), select(vec4(0u), a1, in1)), max(select(vec4(0u), a2, in2), select(vec4(0u), a3, in3)));
+                let after = max(max(select(a0, vec4(0u), in0), select(a1, vec4(0u), in1)), max(select(a2, vec4(0u), in2), select(a3, vec4(0u), in3)));
+                (*tr).top = max(t.top, before);
+                rest = max4(after);
+            } else {
+                let w0 = bitcast<vec4<f32>>(a0);
+                let w1 = bitcast<vec4<f32>>(a1);
+                let w2 = bitcast<vec4<f32>>(a2);
+                let w3 = bitcast<vec4<f32>>(a3);
+                let z = vec4(0.0);
+                let p0 = select(z, w0, in0);
+                let p1 = select(z, w1, in1);
+                let p2 = select(z, w2, in2);
+                let p3 = select(z, w3, in3);
+                let n0 = select(w0, z, in0);
+                let n1 = select(w1, z, in1);
+                let n2 = select(w2, z, in2);
+                let n3 = select(w3, z, in3);
+                (*tr).sum = t.sum + ((dot(p0, p0) + dot(p1, p1)) + (dot(p2, p2) + dot(p3, p3)));
+                rest = bitcast<u32>((dot(n0, n0) + dot(n1, n1)) + (dot(n2, n2) + dot(n3, n3)));
+            }
+            seg_flush(tr);
+            if KIND == 1u {
+                (*tr).top = vec4(rest, 0u, 0u, 0u);
+            } else {
+                (*tr).sum = bitcast<f32>(rest);
+            }
+            return;
+        }
+    }
+    seg_take(tr, b0, q);
+    seg_take(tr, b1, q + st);
+    seg_take(tr, b2, q + 2u * st);
+    seg_take(tr, b3, q + 3u * st);
+}
+
+// The end of the quads that lie wholly in the current segment (and in the
+// share): the walks take them without any segment check.
+fn seg_stop(tr: ptr<function, SegTrack>, sh: Share) -> u32 {
+    return min(sh.end, (*tr).hi / 4u);
+}
+
+// Stores the slots of the lane's remaining segments (zeros for those its
+// quads skipped).
+fn seg_finish(tr: ptr<function, SegTrack>) {
+    while (*tr).s <= (*tr).last {
+        seg_flush(tr);
+    }
+}
+
+// l2_quads of a share of a flat chunk, tracking the segments: the main
+// loop runs without a check up to the next segment's first quad, takes
+// that step quad by quad, and goes on.
+fn l2_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>) -> Partial {
+    let y0 = bitcast<vec4<f32>>(edge_bits(r, sh, 0u));
+    let y1 = bitcast<vec4<f32>>(edge_bits(r, sh, 1u));
+    var s0 = y0 * y0;
+    var s1 = y1 * y1;
+    var s2 = vec4<f32>(0.0);
+    var s3 = vec4<f32>(0.0);
+    let st = sh.stride;
+    var q = sh.first;
+    loop {
+        let stop = seg_stop(tr, sh);
+        var g = (*tr).sum;
+        for (; q + (LANES - 1u) * st < stop; q += LANES * st) {
+            let z0 = bitcast<vec4<f32>>(load_quad(q));
+            let z1 = bitcast<vec4<f32>>(load_quad(q + st));
+            let z2 = bitcast<vec4<f32>>(load_quad(q + 2u * st));
+            let z3 = bitcast<vec4<f32>>(load_quad(q + 3u * st));
+            s0 = fma(z0, z0, s0);
+            s1 = fma(z1, z1, s1);
+            s2 = fma(z2, z2, s2);
+            s3 = fma(z3, z3, s3);
+            g += (dot(z0, z0) + dot(z1, z1)) + (dot(z2, z2) + dot(z3, z3));
+        }
+        (*tr).sum = g;
+        if q + (LANES - 1u) * st >= sh.end {
+            break;
+        }
+        let b0 = load_quad(q);
+        let b1 = load_quad(q + st);
+        let b2 = load_quad(q + 2u * st);
+        let b3 = load_quad(q + 3u * st);
+        let z0 = bitcast<vec4<f32>>(b0);
+        let z1 = bitcast<vec4<f32>>(b1);
+        let z2 = bitcast<vec4<f32>>(b2);
+        let z3 = bitcast<vec4<f32>>(b3);
+        s0 = fma(z0, z0, s0);
+        s1 = fma(z1, z1, s1);
+        s2 = fma(z2, z2, s2);
+        s3 = fma(z3, z3, s3);
+        seg_step(tr, b0, b1, b2, b3, q, st);
+        q += LANES * st;
+    }
+    for (; q < sh.end; q += st) {
+        let b = load_quad(q);
+        let z = bitcast<vec4<f32>>(b);
+        s0 = fma(z, z, s0);
+        seg_take(tr, b, q);
+    }
+    seg_finish(tr);
+    return l2_accept(r, sh, (s0 + s1) + (s2 + s3));
+}
+
+// max_quads of a share of a flat chunk, tracking the segments as
+// l2_tracked does.
+fn inf_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>) -> Partial {
+    var m = max(edge_bits(r, sh, 0u) & vec4(ABS_MASK), edge_bits(r, sh, 1u) & vec4(ABS_MASK));
+    let st = sh.stride;
+    var q = sh.first;
+    loop {
+        let stop = seg_stop(tr, sh);
+        var g = (*tr).top;
+        for (; q + (LANES - 1u) * st < stop; q += LANES * st) {
+            let a0 = load_quad(q) & vec4(ABS_MASK);
+            let a1 = load_quad(q + st) & vec4(ABS_MASK);
+            let a2 = load_quad(q + 2u * st) & vec4(ABS_MASK);
+            let a3 = load_quad(q + 3u * st) & vec4(ABS_MASK);
+            let step = max(max(a0, a1), max(a2, a3));
+            m = max(m, step);
+            g = max(g, step);
+        }
+        (*tr).top = g;
+        if q + (LANES - 1u) * st >= sh.end {
+            break;
+        }
+        let b0 = load_quad(q);
+        let b1 = load_quad(q + st);
+        let b2 = load_quad(q + 2u * st);
+        let b3 = load_quad(q + 3u * st);
+        m = max(m, max(max(b0 & vec4(ABS_MASK), b1 & vec4(ABS_MASK)), max(b2 & vec4(ABS_MASK), b3 & vec4(ABS_MASK))));
+        seg_step(tr, b0, b1, b2, b3, q, st);
+        q += LANES * st;
+    }
+    for (; q < sh.end; q += st) {
+        let b = load_quad(q);
+        m = max(m, b & vec4(ABS_MASK));
+        seg_take(tr, b, q);
+    }
+    seg_finish(tr);
+    return inf_accept(r, sh, max4(m));
+}
+
+// Segment s's partial from the slots of flat chunk run r and its elements
+// in r's edge quads, when it is one the fast paths would keep.
+struct Tracked {
+    p: Partial,
+    ok: bool,
+}
+
+fn tracked_partial(r: Run, segs: vec2<u32>, s: u32) -> Tracked {
+    let sg = chunk_at(s);
+    var sum = 0.0;
+    var top = 0u;
+    let qlo = max(sg.start / 4u, r.inner.x);
+    let qhi = min((sg.start + sg.len + 3u) / 4u, r.inner.y);
+    if sg.len != 0u && qlo < qhi {
+        let per = piece_quads(r.inner.y - r.inner.x);
+        let j_end = (qhi - 1u - r.inner.x) / per;
+        for (var j = (qlo - r.inner.x) / per; j <= j_end; j++) {
+            for (var l = 0u; l < TEAM; l++) {
+                let v = seg_slots[slot(segs, s, j, l)];
+                sum += bitcast<f32>(v);
+                top = max(top, v);
+            }
+        }
+    }
+    let sr = run_of(sg.start, sg.len);
+    for (var k = 0u; k < 2u; k++) {
+        let e = edge(r, k);
+        if e.has {
+            let a = quad_in(e.q, sr) & vec4(ABS_MASK);
+            let w = bitcast<vec4<f32>>(a);
+            let c = w * w;
+            sum += (c.x + c.y) + (c.z + c.w);
+            top = max(top, max4(a));
+        }
+    }
+    if KIND == 1u {
+        return Tracked(Partial(vec3(bitcast<f32>(top), 0.0, 0.0), 0u), top < EXP_MASK);
+    }
+    let bits = bitcast<u32>(sum);
+    return Tracked(Partial(vec3(0.0, sum, 0.0), 0u), bits >= L2_SUM_MIN_BITS && bits < L2_SUM_MAX_BITS);
+}
+
 // Segments shorter than tiny_run() are folded element by element: for a
 // handful of elements the fast paths' two edge quads and checks cost more
 // than the elements themselves. At least CHUNK / MID_MAX, so that a chunk
@@ -434,7 +784,7 @@ var<workgroup> mid_list: array<u32, MID_MAX>;
 // short one, the workgroup a long one. The workgroup loops over the long
 // ones only: a loop over every segment with a barrier in it costs a
 // barrier's worth per segment on CPU drivers (thousands of tiny tensors).
-fn reduce_segments(c: u32, t: u32, kind: u32, whole: Partial) {
+fn reduce_segments(c: u32, t: u32, kind: u32, whole: Partial, tracked: bool) {
     let segs = flat_segments(c);
     if segs.y - segs.x == 1u {
         if t == 0u {
@@ -447,7 +797,16 @@ fn reduce_segments(c: u32, t: u32, kind: u32, whole: Partial) {
         atomicStore(&mid_count, 0u);
     }
     workgroupBarrier();
+    let ch = chunk_at(c);
+    let r = run_of(ch.start, ch.len);
     for (var s = segs.x + t; s < segs.y; s += WG) {
+        if tracked {
+            let k = tracked_partial(r, segs, s);
+            if k.ok {
+                partials[s] = k.p;
+                continue;
+            }
+        }
         let sg = chunk_at(s);
         if sg.len < tiny_run() {
             let r = run_of(sg.start, sg.len);
@@ -488,6 +847,29 @@ fn reduce_segments(c: u32, t: u32, kind: u32, whole: Partial) {
 fn reduce_flat(c: u32, t: u32) -> Partial {
     let ch = chunk_at(c);
     workgroup_fold(ch.start, ch.len, t, KIND);
+    return publish_flat(c, t);
+}
+
+// reduce_flat, also filling seg_slots for the chunk's segments segs (where
+// tracks_segments(segs)).
+fn reduce_flat_tracked(c: u32, t: u32, segs: vec2<u32>) -> Partial {
+    let ch = chunk_at(c);
+    let r = run_of(ch.start, ch.len);
+    var tr = seg_track(r, segs, t);
+    var q: Partial;
+    if KIND == 1u {
+        q = inf_tracked(r, team_share(r, t), &tr);
+    } else {
+        q = l2_tracked(r, team_share(r, t), &tr);
+    }
+    wg_v[t] = q.v;
+    wg_f[t] = q.flags;
+    tree_reduce(t, KIND);
+    return publish_flat(c, t);
+}
+
+// Stores the workgroup's fold of flat chunk c as its partial and returns it.
+fn publish_flat(c: u32, t: u32) -> Partial {
     let whole = Partial(wg_v[0], wg_f[0]);
     if t == 0u {
         partials[c] = whole;
@@ -537,6 +919,11 @@ fn reduce_tensors(
 ) {
     let c = grid_chunk(wg, nwg);
     if c < window_flat().y {
-        reduce_segments(c, t, KIND, reduce_flat(c, t));
+        let segs = flat_segments(c);
+        if tracks_segments(segs) {
+            reduce_segments(c, t, KIND, reduce_flat_tracked(c, t, segs), true);
+        } else {
+            reduce_segments(c, t, KIND, reduce_flat(c, t), false);
+        }
     }
 }

@@ -24,9 +24,6 @@ const PREFERRED_WORKGROUP_SIZE: u32 = 256;
 /// per-chunk folds' barriers took most of the reduce pass (examples/bench,
 /// docs/bench-cpu-drivers.md). 32 is the smallest size the folds take.
 const CPU_WORKGROUP_SIZE: u32 = MIN_WORKGROUP_SIZE;
-/// Workgroup memory of the reduce pass that does not scale with the
-/// workgroup size (reduce.wgsl: long_list, long_count, long_n).
-const REDUCE_FIXED_WORKGROUP_BYTES: u32 = 4 * (128 + 2);
 /// Smallest workgroup size accepted from a device's limits.
 const MIN_WORKGROUP_SIZE: u32 = 32;
 
@@ -66,6 +63,8 @@ pub(crate) struct Inner {
     /// The longest flat chunk of a set on this device (see
     /// [`GradSet::chunk_elements`](crate::GradSet::chunk_elements)).
     pub chunk_elements: u32,
+    /// The reduce pipelines' `TRACK` override ([`tracks_segments`]).
+    track_segments: bool,
 }
 
 /// A pipeline compiled the first time a clip records it. Compiling is the
@@ -115,15 +114,31 @@ fn workgroup_size(limits: &wgpu::Limits, device_type: wgpu::DeviceType) -> Resul
     let cap = preferred
         .min(limits.max_compute_invocations_per_workgroup)
         .min(limits.max_compute_workgroup_size_x);
-    // Workgroup memory: one vec3<f32> (16-byte stride) and one u32 per
-    // invocation, and the reduce pass's list of long segments (128 + 2 words).
+    // The reduce pass takes the most workgroup memory of all passes.
     let by_memory = limits
         .max_compute_workgroup_storage_size
-        .saturating_sub(REDUCE_FIXED_WORKGROUP_BYTES)
-        / 20;
+        .saturating_sub(shaders::REDUCE_WORKGROUP_FIXED_BYTES)
+        / shaders::REDUCE_WORKGROUP_BYTES_PER_INVOCATION;
     let size = 1u32 << (31 - cap.min(by_memory).max(1).leading_zeros());
     check_limit("max workgroup size", size as u64, MIN_WORKGROUP_SIZE as u64)?;
     Ok(size)
+}
+
+/// Whether the reduce pass takes per-tensor results from its flat walk
+/// (shaders::TRACK_OVERRIDE): everywhere but on SwiftShader, where the
+/// tracked walk measured slower than walking each segment again
+/// (docs/bench-cpu-drivers.md). In the browser the adapter is not known,
+/// and it is on.
+fn tracks_segments(device: &wgpu::Device) -> bool {
+    #[cfg(target_arch = "wasm32")]
+    {
+        let _ = device;
+        true
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        !device.adapter_info().name.contains("SwiftShader")
+    }
 }
 
 /// The device's adapter type. The browser's WebGPU may not expose the
@@ -282,6 +297,7 @@ impl Clipper {
                 },
                 workgroup_size,
                 chunk_elements,
+                track_segments: tracks_segments(device),
             }),
         })
     }
@@ -390,7 +406,11 @@ impl Inner {
             &self.pipeline_layout,
             module,
             entry,
-            (self.workgroup_size, self.chunk_elements),
+            (
+                self.workgroup_size,
+                self.chunk_elements,
+                self.track_segments,
+            ),
             specialised,
         );
         catch.end()?;
@@ -475,7 +495,7 @@ fn make_pipeline(
     layout: &wgpu::PipelineLayout,
     (module, shader): (&PassModule, &wgpu::ShaderModule),
     entry: &str,
-    (workgroup_size, chunk_elements): (u32, u32),
+    (workgroup_size, chunk_elements, track_segments): (u32, u32, bool),
     specialised: Specialised,
 ) -> wgpu::ComputePipeline {
     let mut constants = vec![
@@ -489,6 +509,7 @@ fn make_pipeline(
     }
     if let Specialised::Reduce(r) = specialised {
         constants.push((shaders::POWER_OVERRIDE, r.power() as f64));
+        constants.push((shaders::TRACK_OVERRIDE, f64::from(u8::from(track_segments))));
     }
     device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
         label: Some(&label),

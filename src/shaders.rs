@@ -288,6 +288,20 @@ pub const KIND_OVERRIDE: &str = "KIND";
 /// integer p its pipeline is specialised for (1 to [`MAX_POWER`]; 0 for
 /// any other p and for L2 and Inf).
 pub const POWER_OVERRIDE: &str = "POWER";
+/// Name of the reduce pass's pipeline-overridable constant that lets
+/// `reduce_tensors` take per-tensor results from the flat walk's own loads
+/// where a chunk's segments fit its slots (off where that measured slower
+/// than walking each segment again: SwiftShader).
+pub const TRACK_OVERRIDE: &str = "TRACK";
+/// Workgroup memory of the reduce pass that does not grow with the
+/// workgroup size, in bytes: the lists of a chunk's long and medium
+/// segments with their counters (128 + 1024 + 4 words) and the tracked
+/// walk's slots (192 rows of 8 words). The test suite reads the real
+/// figure from the shader with naga.
+pub const REDUCE_WORKGROUP_FIXED_BYTES: u32 = 4 * (128 + 1024 + 4 + 192 * 8);
+/// Workgroup memory of the reduce pass per invocation, in bytes: the
+/// fold's `vec3<f32>` (a 16-byte stride) and `u32`.
+pub const REDUCE_WORKGROUP_BYTES_PER_INVOCATION: u32 = 16 + 4;
 /// Largest integer p with its own reduce pipeline, whose terms are powered
 /// by multiplication: p - 1 multiplies per element beside the general
 /// path's log2 and exp2, and one pipeline per p that a program uses.

@@ -87,3 +87,50 @@ proptest! {
         assert_close(&after, &expect, 1e-5, &format!("{order:?} clipped"));
     }
 }
+
+/// Layouts whose flat chunks hold up to a few hundred segments: on most
+/// drivers reduce_tensors then folds each segment during the flat walk
+/// (reduce.wgsl, tracks_segments), with segment boundaries at every place
+/// in a team's piece, in its steps and in a quad. Sizes from 0 to 20 000,
+/// mostly a few hundred to a few thousand elements; magnitudes from 2^-100
+/// (sums of squares below the fast path's window) to 2^120 (squares that
+/// overflow), so that every tensor's norm is a normal float.
+fn tracked_layout() -> impl Strategy<Value = Vec<(usize, i32)>> {
+    let size = prop_oneof![1 => 0..100usize, 4 => 100..3000usize, 1 => 3000..20_000usize];
+    prop::collection::vec((size, -100..120i32), 40..400)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, max_shrink_iters: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn tensor_norms_match_float64_and_leave_the_global_norm_alone(
+        tensors in tracked_layout(),
+        seed in any::<u64>(),
+        inf in any::<bool>(),
+        zeros in 0..12usize,
+    ) {
+        let sizes: Vec<usize> = tensors.iter().map(|t| t.0).collect();
+        let mut data = fill(&tensors, seed);
+        // Some all-zero tensors: their plain sums are zero, which the
+        // fast paths hand on to the exact ones.
+        let mut at = 0;
+        for (t, &n) in sizes.iter().enumerate() {
+            if zeros > 0 && t % (zeros + 5) == 0 {
+                data[at..at + n].fill(0.0);
+            }
+            at += n;
+        }
+        let (order, norm) = if inf { (Order::Inf, gradclip::Norm::Inf) } else { (Order::L2, gradclip::Norm::L2) };
+        let clip = ClipNorm::new(1.0).norm(norm);
+        let (plain, _) = run_clip(&data, &sizes, |set, enc| set.clip_norm(enc, &clip));
+        let (logged, _) = run_clip(&data, &sizes, |set, enc| set.clip_norm(enc, &clip.tensor_norms(true)));
+        let (again, _) = run_clip(&data, &sizes, |set, enc| set.clip_norm(enc, &clip.tensor_norms(true)));
+        let (plain, logged, again) = (plain.unwrap(), logged.unwrap(), again.unwrap());
+        prop_assert_eq!(plain.total_norm.to_bits(), logged.total_norm.to_bits(), "tensor_norms moved the global norm");
+        prop_assert_eq!(plain.partial.to_bytes(), logged.partial.to_bytes());
+        let bits = |r: &gradclip::ClipReport| r.tensor_norms.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        prop_assert_eq!(bits(&logged), bits(&again), "per-tensor norms differ between two runs");
+        reference::assert_tensor_norms(&logged.tensor_norms, &data, &sizes, order, 1e-5, &format!("{} tensors {order:?}", sizes.len()));
+    }
+}

@@ -7,7 +7,8 @@
 use gradclip::records;
 use gradclip::shaders::{
     PassModule, ADAPTIVE, ADAPTIVE_ADAGC, ADAPTIVE_AGC, AGC_DTYPE_OVERRIDE, AGC_WORKGROUP_SIZE,
-    CHUNK_OVERRIDE, KIND_OVERRIDE, MAX_POWER, MODULES, POWER_OVERRIDE, WORKGROUP_SIZE_OVERRIDE,
+    CHUNK_OVERRIDE, KIND_OVERRIDE, MAX_POWER, MODULES, POWER_OVERRIDE,
+    REDUCE_WORKGROUP_BYTES_PER_INVOCATION, REDUCE_WORKGROUP_FIXED_BYTES, WORKGROUP_SIZE_OVERRIDE,
 };
 
 /// The adaptive methods' modules: no overrides, each with its own layout.
@@ -228,6 +229,53 @@ fn workgroup_size_comes_from_the_host_override() {
             }
         }
     }
+}
+
+/// Bytes of workgroup memory that entry point `entry` of a specialised
+/// module uses, by naga's layout of its workgroup variables.
+fn workgroup_bytes(module: &naga::Module, info: &ModuleInfo, entry: &str) -> u32 {
+    let mut layouter = naga::proc::Layouter::default();
+    layouter.update(module.to_ctx()).unwrap();
+    let index = module
+        .entry_points
+        .iter()
+        .position(|e| e.name == entry)
+        .unwrap();
+    let uses = info.get_entry_point(index);
+    module
+        .global_variables
+        .iter()
+        .filter(|&(h, g)| g.space == naga::AddressSpace::WorkGroup && !uses[h].is_empty())
+        .map(|(_, g)| layouter[g.ty].size)
+        .sum()
+}
+
+#[test]
+fn workgroup_memory_is_what_the_host_budgets() {
+    // The host sizes workgroups from the device's workgroup memory with
+    // these two figures; the per-tensor reduce takes exactly them, and no
+    // other pass more.
+    let budget =
+        |wg: u32| REDUCE_WORKGROUP_FIXED_BYTES + REDUCE_WORKGROUP_BYTES_PER_INVOCATION * wg;
+    for pass in MODULES {
+        for &entry in pass.entry_points {
+            for wg in [32, 64, 128, 256] {
+                let (module, info) = specialised(&pass, wg, entry);
+                let used = workgroup_bytes(&module, &info, entry);
+                if entry == "reduce_tensors" {
+                    assert_eq!(used, budget(wg), "{} / {entry} with WG={wg}", pass.name);
+                } else {
+                    assert!(
+                        used <= budget(wg),
+                        "{} / {entry} with WG={wg}: {used} bytes",
+                        pass.name
+                    );
+                }
+            }
+        }
+    }
+    // WebGPU's default limit holds the largest workgroup the host picks.
+    assert!(budget(256) <= 16384, "{} bytes", budget(256));
 }
 
 /// Size and member offsets of a WGSL struct, by name, from naga's layouter.
