@@ -512,14 +512,19 @@ fn seg_add(tr: ptr<function, SegTrack>, b: vec4<u32>, keep: vec4<bool>) {
     }
 }
 
-// Stores the current segment's slot and moves to the next segment.
-fn seg_flush(tr: ptr<function, SegTrack>) {
-    let t = *tr;
+// Stores segment t.s's slot for t's lane and team.
+fn seg_store(t: SegTrack) {
     var v = max4(t.top);
     if KIND != 1u {
         v = bitcast<u32>(t.sum);
     }
     seg_slots[slot(t.segs, t.s, t.team, t.lane)] = v;
+}
+
+// Stores the current segment's slot and moves to the next segment.
+fn seg_flush(tr: ptr<function, SegTrack>) {
+    let t = *tr;
+    seg_store(t);
     (*tr).sum = 0.0;
     (*tr).top = vec4(0u);
     (*tr).s = t.s + 1u;
@@ -562,12 +567,15 @@ fn seg_step(tr: ptr<function, SegTrack>, b0: vec4<u32>, b1: vec4<u32>, b2: vec4<
             let a1 = b1 & vec4(ABS_MASK);
             let a2 = b2 & vec4(ABS_MASK);
             let a3 = b3 & vec4(ABS_MASK);
-            var rest = 0u;
+            // The current segment with the elements before the boundary,
+            // and the next one's sum or largest bits from those after it.
+            var done = t;
+            var rest_sum = 0.0;
+            var rest_top = vec4(0u);
             if KIND == 1u {
                 let before = max(max(select(vec4(0u), a0, in0), select(vec4(0u), a1, in1)), max(select(vec4(0u), a2, in2), select(vec4(0u), a3, in3)));
-                let after = max(max(select(a0, vec4(0u), in0), select(a1, vec4(0u), in1)), max(select(a2, vec4(0u), in2), select(a3, vec4(0u), in3)));
-                (*tr).top = max(t.top, before);
-                rest = max4(after);
+                done.top = max(t.top, before);
+                rest_top = max(max(select(a0, vec4(0u), in0), select(a1, vec4(0u), in1)), max(select(a2, vec4(0u), in2), select(a3, vec4(0u), in3)));
             } else {
                 let w0 = bitcast<vec4<f32>>(a0);
                 let w1 = bitcast<vec4<f32>>(a1);
@@ -582,15 +590,11 @@ fn seg_step(tr: ptr<function, SegTrack>, b0: vec4<u32>, b1: vec4<u32>, b2: vec4<
                 let n1 = select(w1, z, in1);
                 let n2 = select(w2, z, in2);
                 let n3 = select(w3, z, in3);
-                (*tr).sum = t.sum + ((dot(p0, p0) + dot(p1, p1)) + (dot(p2, p2) + dot(p3, p3)));
-                rest = bitcast<u32>((dot(n0, n0) + dot(n1, n1)) + (dot(n2, n2) + dot(n3, n3)));
+                done.sum = t.sum + ((dot(p0, p0) + dot(p1, p1)) + (dot(p2, p2) + dot(p3, p3)));
+                rest_sum = (dot(n0, n0) + dot(n1, n1)) + (dot(n2, n2) + dot(n3, n3));
             }
-            seg_flush(tr);
-            if KIND == 1u {
-                (*tr).top = vec4(rest, 0u, 0u, 0u);
-            } else {
-                (*tr).sum = bitcast<f32>(rest);
-            }
+            seg_store(done);
+            *tr = SegTrack(t.segs, t.team, t.lane, t.s + 1u, t.last, next.start, next.start + next.len, rest_sum, rest_top);
             return;
         }
     }
