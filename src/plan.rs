@@ -440,8 +440,9 @@ pub(crate) struct Bound {
     /// The reduce's dispatch: one workgroup per flat chunk of the busiest
     /// window ([`grid`]).
     pub reduce_grid: [u32; 2],
-    /// Workgroups of the per-tensor statistics pass (one invocation per
-    /// tensor, striding), for workgroups of `workgroup_size` invocations.
+    /// Workgroups of the per-tensor statistics pass (invocations striding
+    /// over the tensors, `tensors_per_invocation` each where there are that
+    /// many), for workgroups of `workgroup_size` invocations.
     pub tensor_stat_workgroups: u32,
 }
 
@@ -455,6 +456,7 @@ impl Bound {
         limits: &wgpu::Limits,
         workgroup_size: u32,
         longest_chunk: u32,
+        tensors_per_invocation: u32,
     ) -> Result<Self> {
         let chunk_elements = chunk_elements(layout.total_elements(), longest_chunk);
         let align = (limits.min_storage_buffer_offset_alignment as u64).max(4);
@@ -493,7 +495,7 @@ impl Bound {
             flat_workgroups: flat.clamp(1, cap),
             reduce_grid: grid(flat, limits.max_compute_workgroups_per_dimension)?,
             tensor_stat_workgroups: (layout.len() as u64)
-                .div_ceil(workgroup_size as u64)
+                .div_ceil(workgroup_size as u64 * tensors_per_invocation.max(1) as u64)
                 .clamp(1, cap as u64) as u32,
             plan,
         })

@@ -302,6 +302,12 @@ pub const REDUCE_WORKGROUP_FIXED_BYTES: u32 = 4 * (128 + 1024 + 4 + 192 * 8);
 /// Workgroup memory of the reduce pass per invocation, in bytes: the
 /// fold's `vec3<f32>` (a 16-byte stride) and `u32`.
 pub const REDUCE_WORKGROUP_BYTES_PER_INVOCATION: u32 = 16 + 4;
+/// Tensors one invocation of `tensor_stats` takes before it passes over
+/// its queue of those that need the general path (WGSL `STAT_BLOCK`; a
+/// bit each in a `u32`). CPU adapters give each invocation at least this
+/// many (plan::Bound::tensor_stat_workgroups), so that the queue's one
+/// masked pass is spread over them.
+pub const TENSOR_STAT_BLOCK: u32 = 8;
 /// Largest integer p with its own reduce pipeline, whose terms are powered
 /// by multiplication: p - 1 multiplies per element beside the general
 /// path's log2 and exp2, and one pipeline per p that a program uses.

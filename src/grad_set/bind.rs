@@ -514,6 +514,7 @@ impl GradSet {
             &device.limits(),
             inner.workgroup_size,
             inner.chunk_elements,
+            inner.tensors_per_invocation,
         )?;
 
         // The loss scale starts as GradScaler's default; set_loss_scaler changes it.
@@ -637,6 +638,7 @@ impl GradSet {
             &self.inner.device.limits(),
             self.inner.workgroup_size,
             self.inner.chunk_elements,
+            self.inner.tensors_per_invocation,
         )?;
         let stride = uniform_stride(&self.inner.device);
         let windows = window_ranges(&bound, &placed);

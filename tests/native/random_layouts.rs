@@ -134,3 +134,89 @@ proptest! {
         reference::assert_tensor_norms(&logged.tensor_norms, &data, &sizes, order, 1e-5, &format!("{} tensors {order:?}", sizes.len()));
     }
 }
+
+/// Layouts of many small tensors, most of one to a few dozen elements,
+/// magnitudes 2^-125 to 2^100 (some all-zero, some with elements below
+/// 2^-63 or at or beyond 2^44, which Blue's small and big bins take):
+/// tensor_stats takes most of them on its straight-line path and queues
+/// the rest for the general one.
+fn small_tensor_layout() -> impl Strategy<Value = Vec<(usize, i32)>> {
+    let size = prop_oneof![6 => 1..4usize, 3 => 4..64usize, 1 => 64..3000usize];
+    prop::collection::vec((size, -125..100i32), 100..3000)
+}
+
+/// What PyTorch (`max_norm / (norm + 1e-6)`, at most 1) and TensorFlow
+/// (`clip_norm / norm` above `clip_norm`) compute in f32 from a norm.
+fn framework_factor(norm: f32, max_norm: f32, tensorflow: bool) -> f32 {
+    if tensorflow {
+        if norm <= max_norm {
+            1.0
+        } else {
+            max_norm / norm
+        }
+    } else {
+        (max_norm / (norm + 1e-6)).min(1.0)
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, max_shrink_iters: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn tensor_factors_are_the_frameworks_f32_arithmetic(
+        tensors in small_tensor_layout(),
+        seed in any::<u64>(),
+        inf in any::<bool>(),
+        tensorflow in any::<bool>(),
+        max_exponent in -30..30i32,
+    ) {
+        let sizes: Vec<usize> = tensors.iter().map(|t| t.0).collect();
+        let data = fill(&tensors, seed);
+        let (order, norm) = if inf { (Order::Inf, gradclip::Norm::Inf) } else { (Order::L2, gradclip::Norm::L2) };
+        let max_norm = 2f32.powi(max_exponent) * 1.37;
+        let clip = if tensorflow { ClipNorm::tensorflow(max_norm) } else { ClipNorm::new(max_norm) };
+        let clip = clip.norm(norm).tensor_norms(true);
+        let (report, _) = run_clip(&data, &sizes, |set, enc| set.clip_norm(enc, &clip));
+        let report = report.unwrap();
+        prop_assert_eq!(report.tensor_coefficients.len(), sizes.len());
+        let mut start = 0;
+        for (t, (&n, &c)) in report.tensor_norms.iter().zip(&report.tensor_coefficients).enumerate() {
+            let want_norm = reference::norm(&data[start..start + sizes[t]], order);
+            start += sizes[t];
+            // A subnormal norm (a tensor of one tiny element) may be flushed.
+            let close = rel_diff(n as f64, want_norm) <= 1e-5
+                || (want_norm < f32::MIN_POSITIVE as f64 && (n as f64 - want_norm).abs() <= f32::MIN_POSITIVE as f64);
+            prop_assert!(close, "tensor {} of {}: norm {:e}, want {:e}", t, sizes.len(), n, want_norm);
+            let want = framework_factor(n, max_norm, tensorflow);
+            // A subnormal factor is kept exactly as m * 2^e, which its f32
+            // form rounds once more.
+            if want >= f32::MIN_POSITIVE {
+                prop_assert_eq!(c.to_bits(), want.to_bits(), "tensor {} of {}: norm {:e}, factor {:e}, want {:e}", t, sizes.len(), n, c, want);
+            }
+        }
+    }
+
+    #[test]
+    fn a_lone_tensors_results_are_the_global_ones(
+        size in 1..30_000usize,
+        exponent in prop_oneof![3 => -60..40i32, 1 => -140..120i32],
+        seed in any::<u64>(),
+        order in order(),
+        tensorflow in any::<bool>(),
+        unscale in prop::bool::weighted(0.25),
+        ratio in prop_oneof![Just(0.3f64), Just(3.0f64)],
+    ) {
+        // One tensor in one chunk: its segment's partial is the chunk's, so
+        // tensor_stats and finalize turn the same partial into a norm and a
+        // factor, on their own paths.
+        let data = fill(&[(size, exponent)], seed);
+        let want = reference::norm(&data, order);
+        let max_norm = ((want * ratio) as f32).clamp(f32::MIN_POSITIVE, f32::MAX);
+        let clip = if tensorflow { ClipNorm::tensorflow(max_norm) } else { ClipNorm::new(max_norm) };
+        let clip = clip.norm(order.to_norm()).tensor_norms(true).unscale(unscale);
+        let (report, _) = run_clip(&data, &[size], |set, enc| set.clip_norm(enc, &clip));
+        let report = report.unwrap();
+        prop_assert_eq!(report.tensor_norms[0].to_bits(), report.total_norm.to_bits(), "{:?}: norm", order);
+        prop_assert_eq!(report.tensor_coefficients[0].to_bits(), report.coefficient.to_bits(), "{:?}: factor", order);
+    }
+}

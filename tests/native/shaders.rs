@@ -7,8 +7,9 @@
 use gradclip::records;
 use gradclip::shaders::{
     PassModule, ADAPTIVE, ADAPTIVE_ADAGC, ADAPTIVE_AGC, AGC_DTYPE_OVERRIDE, AGC_WORKGROUP_SIZE,
-    CHUNK_OVERRIDE, KIND_OVERRIDE, MAX_POWER, MODULES, POWER_OVERRIDE,
-    REDUCE_WORKGROUP_BYTES_PER_INVOCATION, REDUCE_WORKGROUP_FIXED_BYTES, WORKGROUP_SIZE_OVERRIDE,
+    CHUNK_OVERRIDE, FINALIZE, KIND_OVERRIDE, MAX_POWER, MODULES, POWER_OVERRIDE,
+    REDUCE_WORKGROUP_BYTES_PER_INVOCATION, REDUCE_WORKGROUP_FIXED_BYTES, TENSOR_STAT_BLOCK,
+    WORKGROUP_SIZE_OVERRIDE,
 };
 
 /// The adaptive methods' modules: no overrides, each with its own layout.
@@ -412,6 +413,15 @@ fn flag_constants_match_the_host() {
         ],
     );
     assert_eq!(u32_constant(&module, "LOG_LEN") as u64, records::LOG_LEN);
+}
+
+/// The host sizes the per-tensor statistics dispatch from the tensors an
+/// invocation takes per pass over its queue, which is a bit mask.
+#[test]
+fn tensor_stat_block_is_the_hosts() {
+    let (module, _) = parse(&FINALIZE);
+    assert_eq!(u32_constant(&module, "STAT_BLOCK"), TENSOR_STAT_BLOCK);
+    assert!((1..=32).contains(&TENSOR_STAT_BLOCK));
 }
 
 #[test]
