@@ -754,6 +754,36 @@ fn tracked_partial(r: Run, segs: vec2<u32>, s: u32) -> Tracked {
     return Tracked(Partial(vec3(0.0, sum, 0.0), 0u), bits >= L2_SUM_MIN_BITS && bits < L2_SUM_MAX_BITS);
 }
 
+// A tiny segment's plain fold, element by element: its sum of squares or
+// its largest bits, kept as l2_accept and inf_accept keep a share's (a
+// sum in the fast path's window, a finite largest element); Tracked.ok is
+// false for anything else, and for general p, which exact_quads then folds.
+fn tiny_partial(sg: Chunk) -> Tracked {
+    var sum = 0.0;
+    var top = 0u;
+    for (var i = sg.start; i < sg.start + sg.len; i++) {
+        let a = load_quad(i >> 2u)[i & 3u] & ABS_MASK;
+        let y = bitcast<f32>(a);
+        sum = fma(y, y, sum);
+        top = max(top, a);
+    }
+    if KIND == 1u {
+        return Tracked(Partial(vec3(bitcast<f32>(top), 0.0, 0.0), 0u), top < EXP_MASK);
+    }
+    let bits = bitcast<u32>(sum);
+    return Tracked(Partial(vec3(0.0, sum, 0.0), 0u), KIND == 0u && bits >= L2_SUM_MIN_BITS && bits < L2_SUM_MAX_BITS);
+}
+
+// Segments an invocation takes in reduce_segments before it passes over
+// its queues (a bit each in a u32). CPU drivers run a branch's body under
+// a lane mask whether or not a lane takes it, so the exact fold and the
+// list appends, inside the loop over segments, cost every segment their
+// full price there; from the queues they cost one masked pass per block
+// (200 000 one-element tensors, L2: reduce_tensors 2.3-2.4 ms on lavapipe
+// and 17.7 on SwiftShader with exact_quads for every tiny segment in the
+// loop, 1.4-1.6 and 6.2 with tiny_partial and the queues).
+const SEG_BLOCK: u32 = 8u;
+
 // Segments shorter than tiny_run() are folded element by element: for a
 // handful of elements the fast paths' two edge quads and checks cost more
 // than the elements themselves. At least CHUNK / MID_MAX, so that a chunk
@@ -803,22 +833,47 @@ fn reduce_segments(c: u32, t: u32, kind: u32, whole: Partial, tracked: bool) {
     workgroupBarrier();
     let ch = chunk_at(c);
     let r = run_of(ch.start, ch.len);
-    for (var s = segs.x + t; s < segs.y; s += WG) {
-        if tracked {
-            let k = tracked_partial(r, segs, s);
-            if k.ok {
-                partials[s] = k.p;
-                continue;
+    for (var base = segs.x + t; base < segs.y; base += SEG_BLOCK * WG) {
+        // Segments base + j * WG, j < SEG_BLOCK: tiny ones folded plainly
+        // now, the others queued as bits for the exact fold or the lists.
+        var exact = 0u;
+        var listed = 0u;
+        for (var j = 0u; j < SEG_BLOCK && base + j * WG < segs.y; j++) {
+            let s = base + j * WG;
+            if tracked {
+                let k = tracked_partial(r, segs, s);
+                if k.ok {
+                    partials[s] = k.p;
+                    continue;
+                }
+            }
+            let sg = chunk_at(s);
+            if sg.len < tiny_run() {
+                let k = tiny_partial(sg);
+                if k.ok {
+                    partials[s] = k.p;
+                } else {
+                    exact |= 1u << j;
+                }
+            } else {
+                listed |= 1u << j;
             }
         }
-        let sg = chunk_at(s);
-        if sg.len < tiny_run() {
-            let r = run_of(sg.start, sg.len);
-            partials[s] = exact_quads(r, whole_share(r), kind);
-        } else if sg.len <= serial_max() {
-            mid_list[min(atomicAdd(&mid_count, 1u), MID_MAX - 1u)] = s;
-        } else {
-            long_list[min(atomicAdd(&long_count, 1u), LONG_MAX - 1u)] = s;
+        while exact != 0u {
+            let s = base + firstTrailingBit(exact) * WG;
+            exact &= exact - 1u;
+            let sg = chunk_at(s);
+            let sr = run_of(sg.start, sg.len);
+            partials[s] = exact_quads(sr, whole_share(sr), kind);
+        }
+        while listed != 0u {
+            let s = base + firstTrailingBit(listed) * WG;
+            listed &= listed - 1u;
+            if chunk_at(s).len <= serial_max() {
+                mid_list[min(atomicAdd(&mid_count, 1u), MID_MAX - 1u)] = s;
+            } else {
+                long_list[min(atomicAdd(&long_count, 1u), LONG_MAX - 1u)] = s;
+            }
         }
     }
     workgroupBarrier();
