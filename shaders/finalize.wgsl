@@ -211,7 +211,7 @@ fn valid_partial(q: Partial, kind: u32) -> bool {
 // same arithmetic, for an L2 partial with no element in the big bin and
 // the medium one carrying the norm (or the small one empty), or an Inf
 // partial whose largest element is normal or zero; no non-finite element,
-// no unscaling, a normal max_norm. Straight-line code: CPU drivers (Mesa
+// no unscaling, a normal max_norm. Code with few and short branches: CPU drivers (Mesa
 // 22's lavapipe and llvmpipe, SwiftShader) run every branch's body under a
 // lane mask whether or not a lane takes it, uniform conditions included,
 // so clip_of costs all of its paths for each tensor there, while a loop
@@ -238,27 +238,27 @@ fn plain_clip(q: Partial, unscaling: bool) -> PlainClip {
         ok = ok && KIND == 1u && (a == 0u || a >= 0x00800000u);
         norm = q.v.x;
     }
-    // norm is 0 or normal here, so decode's normal case: what coefficient's
-    // divisions see as the norm's (or norm + 1e-6's) mantissa and exponent.
-    let nb = bitcast<u32>(norm);
-    let eps_bits = bitcast<u32>(norm + 1e-6);
+    // coefficient's arithmetic for a finite norm and no flags: PyTorch's
+    // max_norm / (norm + 1e-6), at most 1; TensorFlow's max_norm / norm
+    // above max_norm (nv.y and nv.k are the norm's decode, as here).
     let torch = cfg.semantics == SEMANTICS_TORCH;
-    let den = select(nb, eps_bits, torch);
-    let dm = bitcast<f32>(ONE_BITS | (den & MANT_MASK));
-    let de = i32(den >> 23u) - 127;
-    let num = decode(max_bits);
-    let r = num.m / dm;
-    let low = r < 1.0;
-    var f = Factor(select(r, r * 2.0, low), num.e - de - select(0, 1, low));
-    // min(coefficient, 1) for PyTorch; TensorFlow's norm <= max_norm.
-    let one = select(norm <= cfg.max_norm, f.e >= 0, torch);
-    f = Factor(select(f.m, 1.0, one), select(f.e, 0, one));
+    let d = decode(bitcast<u32>(select(norm, norm + 1e-6, torch)));
+    var f = divide(cfg.max_norm, d.m, d.e);
+    if select(norm <= cfg.max_norm, f.m != 0.0 && f.e >= 0, torch) {
+        f = factor_one();
+    }
     return PlainClip(Coefficient(norm, f, SCALE_MULTIPLY), ok);
 }
 
 // Tensors an invocation takes between two passes over its queue of those
 // that plain_clip cannot take (a bit each in a u32).
 const STAT_BLOCK: u32 = 8u;
+
+// Tensor i's partial: its segments' partials, folded in order.
+fn tensor_partial(i: u32) -> Partial {
+    let range = tensor_partials(i);
+    return fold_range(KIND, range.x, range.y);
+}
 
 fn store_tensor_stat(i: u32, c: Coefficient) -> bool {
     stats.tensors[i] = TensorStat(c.norm, c.factor.m, c.factor.e, 0u);
@@ -287,8 +287,7 @@ fn tensor_stats(@builtin(global_invocation_id) id: vec3<u32>, @builtin(num_workg
         var queue = 0u;
         for (var j = 0u; j < STAT_BLOCK && base + j * stride < win.tensor_count; j++) {
             let i = base + j * stride;
-            let range = tensor_partials(i);
-            let pc = plain_clip(fold_range(KIND, range.x, range.y), unscaling);
+            let pc = plain_clip(tensor_partial(i), unscaling);
             if pc.ok {
                 clipped = store_tensor_stat(i, pc.c) || clipped;
             } else {
@@ -299,8 +298,7 @@ fn tensor_stats(@builtin(global_invocation_id) id: vec3<u32>, @builtin(num_workg
             let j = firstTrailingBit(queue);
             queue &= queue - 1u;
             let i = base + j * stride;
-            let range = tensor_partials(i);
-            clipped = store_tensor_stat(i, clip_of(fold_range(KIND, range.x, range.y), KIND, unscale, s)) || clipped;
+            clipped = store_tensor_stat(i, clip_of(tensor_partial(i), KIND, unscale, s)) || clipped;
         }
     }
     if clipped {

@@ -177,6 +177,11 @@ fn exact_quads(r: Run, sh: Share, kind: u32) -> Partial {
 const L2_SUM_MIN_BITS: u32 = 0x18000000u; // 2^-79
 const L2_SUM_MAX_BITS: u32 = 0x6f800000u; // 2^96
 
+fn in_l2_window(sum: f32) -> bool {
+    let bits = bitcast<u32>(sum);
+    return bits >= L2_SUM_MIN_BITS && bits < L2_SUM_MAX_BITS;
+}
+
 // L2 of a share of run r. Fast path: plain squares in LANES accumulators,
 // kept when their sum lies in the window above (what every element in
 // Blue's medium band, and most chunks of real gradients, give); a share
@@ -215,11 +220,10 @@ fn l2_quads(r: Run, sh: Share) -> Partial {
 // The L2 partial of a share of run r whose plain squares summed to v.
 fn l2_accept(r: Run, sh: Share, v: vec4<f32>) -> Partial {
     let sum = (v.x + v.y) + (v.z + v.w);
-    let bits = bitcast<u32>(sum);
-    if bits >= L2_SUM_MIN_BITS && bits < L2_SUM_MAX_BITS {
+    if in_l2_window(sum) {
         return Partial(vec3(0.0, sum, 0.0), 0u);
     }
-    if bits == 0u && max_quads(r, sh) == 0u {
+    if bitcast<u32>(sum) == 0u && max_quads(r, sh) == 0u {
         return Partial(vec3(0.0), 0u);
     }
     return exact_quads(r, sh, 0u);
@@ -747,17 +751,21 @@ fn tracked_partial(r: Run, segs: vec2<u32>, s: u32) -> Tracked {
             top = max(top, max4(a));
         }
     }
+    return plain_partial(sum, top);
+}
+
+// A segment's partial from its plain sum of squares (L2) or its largest
+// bits (Inf), where l2_accept and inf_accept would keep it: a sum in the
+// fast path's window, a finite largest element. Not for general p.
+fn plain_partial(sum: f32, top: u32) -> Tracked {
     if KIND == 1u {
         return Tracked(Partial(vec3(bitcast<f32>(top), 0.0, 0.0), 0u), top < EXP_MASK);
     }
-    let bits = bitcast<u32>(sum);
-    return Tracked(Partial(vec3(0.0, sum, 0.0), 0u), bits >= L2_SUM_MIN_BITS && bits < L2_SUM_MAX_BITS);
+    return Tracked(Partial(vec3(0.0, sum, 0.0), 0u), KIND == 0u && in_l2_window(sum));
 }
 
-// A tiny segment's plain fold, element by element: its sum of squares or
-// its largest bits, kept as l2_accept and inf_accept keep a share's (a
-// sum in the fast path's window, a finite largest element); Tracked.ok is
-// false for anything else, and for general p, which exact_quads then folds.
+// A tiny segment's plain fold, element by element (plain_partial); what
+// it does not keep, general p included, exact_quads folds.
 fn tiny_partial(sg: Chunk) -> Tracked {
     var sum = 0.0;
     var top = 0u;
@@ -767,11 +775,7 @@ fn tiny_partial(sg: Chunk) -> Tracked {
         sum = fma(y, y, sum);
         top = max(top, a);
     }
-    if KIND == 1u {
-        return Tracked(Partial(vec3(bitcast<f32>(top), 0.0, 0.0), 0u), top < EXP_MASK);
-    }
-    let bits = bitcast<u32>(sum);
-    return Tracked(Partial(vec3(0.0, sum, 0.0), 0u), KIND == 0u && bits >= L2_SUM_MIN_BITS && bits < L2_SUM_MAX_BITS);
+    return plain_partial(sum, top);
 }
 
 // Segments an invocation takes in reduce_segments before it passes over
