@@ -95,26 +95,37 @@ fn scaled_quad(g: vec4<f32>, kind: u32, fast: f32, m: f32, e: i32) -> vec4<f32> 
     return vec4(scaled(g.x, kind, fast, m, e), scaled(g.y, kind, fast, m, e), scaled(g.z, kind, fast, m, e), scaled(g.w, kind, fast, m, e));
 }
 
-// Whether the plain products r = g * fast of a block are what
-// clip_mul_exact gives: each a normal number (exponent field neither 0 nor
-// 255), or the signed zero of a zero g times a normal factor (zeros are
-// common in gradients; a NaN or zero factor makes fast 0). `fast_ok`: fast
-// is not 0.
-fn products_exact(g: Block, r: Block, fast_ok: bool) -> bool {
-    return exact4(g.q0, r.q0, fast_ok) && exact4(g.q1, r.q1, fast_ok) && exact4(g.q2, r.q2, fast_ok) && exact4(g.q3, r.q3, fast_ok);
+// The |g| bits (sign cleared) from which the plain product g * fast is
+// clip_mul_exact's own answer, less one: g normal, with an exponent that
+// keeps the product at or above 2^-126 whatever the two mantissas (biased
+// exponents Eg + Ef >= 128). Above that the product is normal, or past
+// f32::MAX the same infinity clip_compose rounds to, or IEEE's answer for
+// an infinite or NaN g, as in clip_mul_exact. A zero g is plain too (a zero
+// of g's sign: fast is a positive normal number). With the floor derived
+// from fast once per run, an element costs three integer operations where
+// checking each product's exponent took five, which SwiftShader paid on
+// every element of every clip.
+fn plain_floor(fast: f32) -> u32 {
+    let ef = i32((bitcast<u32>(fast) >> 23u) & 0xffu);
+    return (u32(max(1, 128 - ef)) << 23u) - 1u;
 }
 
-fn exact4(g: vec4<f32>, r: vec4<f32>, fast_ok: bool) -> bool {
-    let e = bitcast<vec4<u32>>(r) & vec4(EXP_MASK);
-    let normal = (e != vec4(0u)) & (e != vec4(EXP_MASK));
-    let zero = ((bitcast<vec4<u32>>(g) & vec4(ABS_MASK)) == vec4(0u)) & vec4(fast_ok);
-    return all(normal | zero);
+// Whether every element of a block is plain (above `lowest`, or zero): the
+// bits minus one send a zero to the top of the u32 range.
+fn block_plain(g: Block, lowest: u32) -> bool {
+    let one = vec4(1u);
+    let a0 = (bitcast<vec4<u32>>(g.q0) & vec4(ABS_MASK)) - one;
+    let a1 = (bitcast<vec4<u32>>(g.q1) & vec4(ABS_MASK)) - one;
+    let a2 = (bitcast<vec4<u32>>(g.q2) & vec4(ABS_MASK)) - one;
+    let a3 = (bitcast<vec4<u32>>(g.q3) & vec4(ABS_MASK)) - one;
+    return all(min(min(a0, a1), min(a2, a3)) >= vec4(lowest));
 }
 
 // Invocation t's quads of run [start, start + len): its team's piece of the
 // inner quads (team_walk), and for lanes 0 and 1 an edge quad. A multiply
-// stores plain products a Block at a time while products_exact holds; from
-// the first block where it does not (and for the other kinds), every
+// by a normal factor stores plain products a Block at a time while
+// block_plain holds; from the first block where it does not (and for the
+// other kinds, or a factor that is not normal), every
 // element goes through scaled() (clip_mul_exact) one quad at a time.
 // Separate loops rather than a branch per block: SIMD CPU drivers
 // (SwiftShader) run a branch's body under a lane mask even when no lane
@@ -127,16 +138,15 @@ fn scale_run(start: u32, len: u32, t: u32, kind: u32, fast: f32, m: f32, e: i32)
     let r = run_of(start, len);
     let w = team_walk(r.inner.y - r.inner.x, t);
     var u = w.first;
-    if kind == SCALE_MULTIPLY {
-        let fast_ok = bitcast<u32>(fast) != 0u;
+    if kind == SCALE_MULTIPLY && bitcast<u32>(fast) != 0u {
+        let lowest = plain_floor(fast);
         for (; u + 3u * TEAM < w.end; u += 4u * TEAM) {
             let q = r.inner.x + u;
             let g = load_block(q);
-            let p = Block(g.q0 * fast, g.q1 * fast, g.q2 * fast, g.q3 * fast);
-            if !products_exact(g, p, fast_ok) {
+            if !block_plain(g, lowest) {
                 break;
             }
-            store_block(q, p);
+            store_block(q, Block(g.q0 * fast, g.q1 * fast, g.q2 * fast, g.q3 * fast));
         }
     }
     for (; u < w.end; u += TEAM) {

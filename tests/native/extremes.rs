@@ -170,13 +170,23 @@ fn products_that_leave_the_normal_range_mid_run_are_exact() {
     assert!(rel_ok(report.total_norm as f64, norm, 1e-6));
     let c = report.coefficient;
     assert!(c > f32::MIN_POSITIVE && c < 1e-3, "coefficient {c}");
+    let subnormal = assert_exact_products(&data, &after, |_| c);
+    assert!(subnormal > 100, "only {subnormal} subnormal products");
+    assert_no_wgpu_errors();
+}
+
+/// Checks that every `after[i]` is `data[i] * factor(i)` rounded once: bit
+/// for bit where that is a normal number or zero from a zero, within one
+/// subnormal ulp with the sign kept where it is subnormal or underflows.
+/// Returns how many were of the second kind.
+fn assert_exact_products(data: &[f32], after: &[f32], factor: impl Fn(usize) -> f32) -> usize {
     let mut subnormal = 0;
-    for (i, (&g, &got)) in data.iter().zip(&after).enumerate() {
+    for (i, (&g, &got)) in data.iter().zip(after).enumerate() {
+        let c = factor(i);
         // Two f32 factors: the f64 product is exact, `as f32` rounds once.
         let want = (g as f64 * c as f64) as f32;
         if want.is_subnormal() || (want == 0.0 && g != 0.0) {
             subnormal += 1;
-            // Within one subnormal ulp, with the sign kept.
             let diff = (got.to_bits() as i64 & 0x7fff_ffff) - (want.to_bits() as i64 & 0x7fff_ffff);
             assert!(
                 diff.abs() <= 1 && got.is_sign_negative() == g.is_sign_negative(),
@@ -190,6 +200,119 @@ fn products_that_leave_the_normal_range_mid_run_are_exact() {
             );
         }
     }
-    assert!(subnormal > 100, "only {subnormal} subnormal products");
+    subnormal
+}
+
+/// A random value of binade `exponent` (unbiased; below -126: a
+/// subnormal), of random sign.
+fn binade(rng: &mut Rng, exponent: i32) -> f32 {
+    let r = rng.next_u64();
+    let mantissa = (r >> 41) as u32 & 0x007f_ffff;
+    let bits = if exponent < -126 {
+        mantissa.max(1)
+    } else {
+        ((exponent + 127) as u32) << 23 | mantissa
+    };
+    let x = f32::from_bits(bits);
+    if r & 1 == 0 {
+        x
+    } else {
+        -x
+    }
+}
+
+#[test]
+fn elements_at_the_edges_of_the_plain_products_band_scale_exactly() {
+    // The scale pass multiplies plainly while every |g| of a block is zero
+    // or above a floor derived from the factor's exponent (products surely
+    // normal), and exactly from the first block where one is not. Per-tensor
+    // factors from 1 down to 2^-90 meet elements in the binades on both
+    // sides of the floor, and below the normal range, scattered through
+    // ordinary ones: every product must be the once-rounded one. The binade
+    // just below the floor is the common one, so that a floor one binade
+    // too low lets plain products through (and a driver that flushes
+    // subnormals zeroes them).
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
+    let tensor = 3000usize;
+    let peaks: Vec<i32> = (-4..=90).step_by(6).collect();
+    let mut data = Vec::new();
+    for &k in &peaks {
+        // max_norm 1 and a peak of 1.5 * 2^k: a factor of 2^-k / 1.5 (1 for
+        // k < 0), whose plain products are normal from |g| = 2^(k - 125)
+        // up (2^-126 for the factor 1). A g of the binade below has a
+        // subnormal product when its mantissa is below 1.5.
+        let edge = if k > 0 { k - 125 } else { -126 };
+        for i in 0..tensor {
+            let r = rng.next_u64() % 1024;
+            let e = match r {
+                0..=15 => edge - 1,
+                16..=23 => edge,
+                24..=31 => edge + 1,
+                32 => edge - 2,
+                33 => -140,
+                _ => k - 12,
+            };
+            data.push(if i == 0 {
+                1.5 * (k as f32).exp2()
+            } else {
+                binade(&mut rng, e)
+            });
+        }
+        let zero = data.len() - 1 - k.rem_euclid(7) as usize;
+        data[zero] = 0.0;
+    }
+    let sizes = vec![tensor; peaks.len()];
+    let (report, after) = run_clip(&data, &sizes, |set, enc| {
+        set.clip_norm(enc, &ClipNorm::new(1.0).per_tensor(true))
+    });
+    let coefficients = report.unwrap().tensor_coefficients;
+    assert_eq!(coefficients.len(), peaks.len());
+    for (&k, &c) in peaks.iter().zip(&coefficients) {
+        let peak_times_c = if k < 0 {
+            1.0
+        } else {
+            c * 1.5 * (k as f32).exp2()
+        };
+        assert!(
+            c <= 1.0 && peak_times_c > 0.99 && peak_times_c <= 1.0,
+            "2^{k}: {c:e}"
+        );
+    }
+    let subnormal = assert_exact_products(&data, &after, |i| coefficients[i / tensor]);
+    assert!(subnormal > 200, "only {subnormal} subnormal products");
+    assert_no_wgpu_errors();
+}
+
+#[test]
+fn a_factor_above_one_scales_exactly_up_to_the_largest_products() {
+    // Unscaling by a loss scale of 2^-100 multiplies by 2^100: every normal
+    // stored value has a normal product, up to 2^127 here (few enough for
+    // the norm to stay finite), while subnormal ones, whose products are
+    // normal too, must not take the plain product on a driver that flushes
+    // its inputs (SwiftShader would give 0).
+    let mut rng = Rng::new(0x2545_f491_4f6c_dd1d);
+    let n = 20_000usize;
+    let mut data: Vec<f32> = (0..n)
+        .map(|i| match rng.next_u64() % 2000 {
+            0 => binade(&mut rng, 24),
+            1..=40 => binade(&mut rng, -140),
+            41..=50 => 0.0,
+            _ if i % 9000 == 17 => binade(&mut rng, 25),
+            _ => binade(&mut rng, -10),
+        })
+        .collect();
+    data[12_345] = binade(&mut rng, 26);
+    let (report, after) = run_clip(&data, &[7_001, n - 7_001], |set, enc| {
+        set.set_loss_scaler(&gradclip::LossScaler::new().init_scale((-100f32).exp2()))?;
+        set.clip_norm(enc, &ClipNorm::new(f32::MAX).unscale(true))
+    });
+    let report = report.unwrap();
+    assert!(
+        !report.found_inf && report.total_norm.is_finite(),
+        "{report:?}"
+    );
+    assert_eq!(report.coefficient, 100f32.exp2());
+    assert_exact_products(&data, &after, |_| report.coefficient);
+    assert!(after.iter().any(|x| x.abs() >= 126f32.exp2()));
     assert_no_wgpu_errors();
 }
