@@ -299,14 +299,14 @@ struct Decoded {
     e: i32,
 }
 
+// A subnormal's bits, read as an integer, convert exactly to a normal
+// float 2^149 times its value: that float's bits give the mantissa, and its
+// exponent less 149. No branch: CPU drivers run both arms of one under a
+// lane mask, and the general p reduce decodes every element.
 fn decode(a: u32) -> Decoded {
-    let biased = a >> 23u;
-    if biased != 0u {
-        return Decoded(bitcast<f32>(ONE_BITS | (a & MANT_MASK)), i32(biased) - 127);
-    }
-    // Subnormal: shift the leading mantissa bit up to the implicit-one position.
-    let shift = countLeadingZeros(a) - 8u;
-    return Decoded(bitcast<f32>(ONE_BITS | ((a << shift) & MANT_MASK)), -126 - i32(shift));
+    let subnormal = a < 0x00800000u;
+    let b = select(a, bitcast<u32>(f32(a)), subnormal);
+    return Decoded(bitcast<f32>(ONE_BITS | (b & MANT_MASK)), i32(b >> 23u) - select(127, 276, subnormal));
 }
 
 // x * 2^k by exponent arithmetic on the bits: exact whenever the result is a

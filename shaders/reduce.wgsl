@@ -267,13 +267,12 @@ fn inf_accept(r: Run, sh: Share, best: u32) -> Partial {
 
 // |g|^p relative to the largest element mx = m * 2^e (log2_m = log2(m)):
 // one log2 and one exp2, the mantissas' logs differenced before the
-// exponents' difference is added, as merge_p does. Zero gives 0.
+// exponents' difference is added, as merge_p does. Zero gives 0, by a
+// select rather than a branch (which CPU drivers would run for every
+// element anyway).
 fn p_term(a: u32, log2_m: f32, e: i32, p: f32) -> f32 {
-    if a == 0u {
-        return 0.0;
-    }
     let d = decode(a);
-    return exp2(p * ((log2(d.m) - log2_m) + f32(d.e - e)));
+    return select(exp2(p * ((log2(d.m) - log2_m) + f32(d.e - e))), 0.0, a == 0u);
 }
 
 fn p_terms(a: vec4<u32>, log2_m: f32, e: i32, p: f32) -> vec4<f32> {

@@ -125,6 +125,45 @@ fn a_subnormal_norm_is_reported_exactly() {
 }
 
 #[test]
+fn norms_of_subnormal_only_data_are_not_flushed() {
+    // Thousands of subnormals (and zeros): every reduction decodes them on
+    // the bits, the general p one for every element, so their norms must
+    // match float64 on drivers that flush too.
+    let mut rng = Rng::new(0x5851_f42d_4c95_7f2d);
+    let data: Vec<f32> = (0..50_000)
+        .map(|i| {
+            let bits = (rng.next_u64() >> 41) as u32 & 0x007f_ffff;
+            let x = f32::from_bits(bits >> (i % 23));
+            if i % 2 == 0 {
+                x
+            } else {
+                -x
+            }
+        })
+        .collect();
+    for order in [
+        Order::L2,
+        Order::Inf,
+        Order::P(1.0),
+        Order::P(3.0),
+        Order::P(1.5),
+        Order::P(0.5),
+    ] {
+        let want = reference::norm(&data, order);
+        assert!(want > 0.0, "{order:?}");
+        let (report, _) = run_clip(&data, &[30_001, 19_999], |set, enc| {
+            set.clip_norm(enc, &ClipNorm::new(1.0).norm(order.to_norm()))
+        });
+        let got = report.unwrap().total_norm as f64;
+        assert!(
+            rel_ok(got, want, 1e-5),
+            "{order:?}: got {got:e}, want {want:e}"
+        );
+    }
+    assert_no_wgpu_errors();
+}
+
+#[test]
 fn products_that_leave_the_normal_range_mid_run_are_exact() {
     // The scale pass stores plain products while they are normal numbers
     // and goes exact from the first block where one is not (a subnormal or
