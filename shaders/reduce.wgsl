@@ -265,11 +265,10 @@ fn inf_accept(r: Run, sh: Share, best: u32) -> Partial {
     return exact_quads(r, sh, 1u);
 }
 
-// |g|^p relative to the largest element mx = m * 2^e (log2_m = log2(m)):
-// one log2 and one exp2, the mantissas' logs differenced before the
-// exponents' difference is added, as merge_p does. Zero gives 0, by a
-// select rather than a branch (which CPU drivers would run for every
-// element anyway).
+// |g|^p relative to a reference r = m * 2^e (log2_m = log2(m)): one log2
+// and one exp2, the mantissas' logs differenced before the exponents'
+// difference is added, as merge_p does. Zero gives 0, by a select rather
+// than a branch (which CPU drivers would run for every element anyway).
 fn p_term(a: u32, log2_m: f32, e: i32, p: f32) -> f32 {
     let d = decode(a);
     return select(exp2(p * ((log2(d.m) - log2_m) + f32(d.e - e))), 0.0, a == 0u);
@@ -277,6 +276,49 @@ fn p_term(a: u32, log2_m: f32, e: i32, p: f32) -> f32 {
 
 fn p_terms(a: vec4<u32>, log2_m: f32, e: i32, p: f32) -> vec4<f32> {
     return vec4(p_term(a.x, log2_m, e, p), p_term(a.y, log2_m, e, p), p_term(a.z, log2_m, e, p), p_term(a.w, log2_m, e, p));
+}
+
+// The |g| bits a general p-sum is taken relative to, decoded as p_term
+// wants them.
+struct PRef {
+    bits: u32,
+    log2_m: f32,
+    e: i32,
+}
+
+fn p_ref(bits: u32) -> PRef {
+    let d = decode(bits);
+    return PRef(bits, log2(d.m), d.e);
+}
+
+// p * log2(b / r): the log2 of b's term relative to r.
+fn p_log_ratio(b: PRef, r: PRef, p: f32) -> f32 {
+    return p * ((b.log2_m - r.log2_m) + f32(b.e - r.e));
+}
+
+// How far a general p-sum's terms may grow past its reference, as log2:
+// the reference moves up to the running maximum when that one's term
+// would pass 2^P_REF_SPAN, and the sums are rescaled then. No term or sum
+// overflows (the largest sum is 2^17 elements of 2^32), and a rescale's
+// rounding is lost: what it scales (at most 2^17 terms of at most 1) is
+// under 2^-15 of the new maximum's own term.
+const P_REF_SPAN: f32 = 32.0;
+
+// A general p-sum's reference for running maximum `top`, from the old one
+// `r`: top's when top's term relative to r passes 2^P_REF_SPAN, with the
+// factor that rescales the sums to it (else r, and exactly 1). Straight
+// line: a branch would cost the CPU drivers its body on every call.
+struct PStep {
+    r: PRef,
+    k: f32,
+}
+
+fn p_step(top: u32, r: PRef, p: f32) -> PStep {
+    let t = p_ref(top);
+    let d = p_log_ratio(t, r, p);
+    let moves = d > P_REF_SPAN;
+    let to = PRef(select(r.bits, t.bits, moves), select(r.log2_m, t.log2_m, moves), select(r.e, t.e, moves));
+    return PStep(to, select(1.0, exp2(-d), moves));
 }
 
 // The integer p this reduce pipeline is specialised for, 1 to
@@ -349,11 +391,13 @@ fn p_int_quads(r: Run, sh: Share) -> Partial {
     return Partial(vec3(sum / power(vec4(top)).x, d.m, f32(d.e)), 0u);
 }
 
-// General p of a share of run r: the largest element first (one cheap
-// pass over quads that the second pass finds in cache), then every term
-// relative to it, so the sum never over- or underflows: s >= 1 (the
-// largest element's own term), at the price of a decode, one log2 and one
-// exp2 per element. An integer p tries p_int_quads first.
+// General p of a share of run r, in one pass: every term relative to a
+// reference that follows the running maximum (p_step), so the sum never
+// over- or underflows, at the price of a decode, one log2 and one exp2 per
+// element and one of each per four quads for the maximum. (A first pass
+// for the maximum cost the CPU drivers 28% more time.) The sum is
+// returned relative to the share's largest element: s >= 1 (that
+// element's own term). An integer p tries p_int_quads first.
 fn p_quads(r: Run, sh: Share) -> Partial {
     if POWER != 0u {
         let direct = p_int_quads(r, sh);
@@ -361,33 +405,54 @@ fn p_quads(r: Run, sh: Share) -> Partial {
             return direct;
         }
     }
-    let top = max_quads(r, sh);
+    let p = cfg.p;
+    let abs4 = vec4(ABS_MASK);
+    let e0 = edge_bits(r, sh, 0u) & abs4;
+    let e1 = edge_bits(r, sh, 1u) & abs4;
+    var top = max4(max(e0, e1));
+    var rf = p_ref(top);
+    var s0 = p_terms(e0, rf.log2_m, rf.e, p);
+    var s1 = p_terms(e1, rf.log2_m, rf.e, p);
+    var s2 = vec4(0.0);
+    var s3 = vec4(0.0);
+    let st = sh.stride;
+    var q = sh.first;
+    for (; q + (LANES - 1u) * st < sh.end; q += LANES * st) {
+        let b0 = load_quad(q) & abs4;
+        let b1 = load_quad(q + st) & abs4;
+        let b2 = load_quad(q + 2u * st) & abs4;
+        let b3 = load_quad(q + 3u * st) & abs4;
+        top = max(top, max4(max(max(b0, b1), max(b2, b3))));
+        let step = p_step(top, rf, p);
+        rf = step.r;
+        s0 = s0 * step.k + p_terms(b0, rf.log2_m, rf.e, p);
+        s1 = s1 * step.k + p_terms(b1, rf.log2_m, rf.e, p);
+        s2 = s2 * step.k + p_terms(b2, rf.log2_m, rf.e, p);
+        s3 = s3 * step.k + p_terms(b3, rf.log2_m, rf.e, p);
+    }
+    for (; q < sh.end; q += st) {
+        let b = load_quad(q) & abs4;
+        top = max(top, max4(b));
+        let step = p_step(top, rf, p);
+        rf = step.r;
+        s0 = s0 * step.k + p_terms(b, rf.log2_m, rf.e, p);
+        s1 *= step.k;
+        s2 *= step.k;
+        s3 *= step.k;
+    }
     if top >= EXP_MASK {
         return exact_quads(r, sh, 2u);
     }
     if top == 0u {
         return Partial(vec3(0.0), 0u);
     }
-    let p = cfg.p;
-    let dm = decode(top);
-    let lm = log2(dm.m);
-    var s0 = p_terms(edge_bits(r, sh, 0u) & vec4(ABS_MASK), lm, dm.e, p);
-    var s1 = p_terms(edge_bits(r, sh, 1u) & vec4(ABS_MASK), lm, dm.e, p);
-    var s2 = vec4<f32>(0.0);
-    var s3 = vec4<f32>(0.0);
-    let st = sh.stride;
-    var q = sh.first;
-    for (; q + (LANES - 1u) * st < sh.end; q += LANES * st) {
-        s0 += p_terms(load_quad(q) & vec4(ABS_MASK), lm, dm.e, p);
-        s1 += p_terms(load_quad(q + st) & vec4(ABS_MASK), lm, dm.e, p);
-        s2 += p_terms(load_quad(q + 2u * st) & vec4(ABS_MASK), lm, dm.e, p);
-        s3 += p_terms(load_quad(q + 3u * st) & vec4(ABS_MASK), lm, dm.e, p);
-    }
-    for (; q < sh.end; q += st) {
-        s0 += p_terms(load_quad(q) & vec4(ABS_MASK), lm, dm.e, p);
-    }
     let v = (s0 + s1) + (s2 + s3);
-    return Partial(vec3((v.x + v.y) + (v.z + v.w), dm.m, f32(dm.e)), 0u);
+    let sum = (v.x + v.y) + (v.z + v.w);
+    // Relative to the largest element: at least its own term, 1, which a
+    // rounding of the rescale must not take below.
+    let k = select(exp2(-p_log_ratio(p_ref(top), rf, p)), 1.0, top == rf.bits);
+    let d = decode(top);
+    return Partial(vec3(max(sum * k, 1.0), d.m, f32(d.e)), 0u);
 }
 
 // A share of the run [start, start + len) under the kind.
