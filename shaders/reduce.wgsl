@@ -395,7 +395,7 @@ fn p_int_quads(r: Run, sh: Share) -> Partial {
 // reference that follows the running maximum (p_step), so the sum never
 // over- or underflows, at the price of a decode, one log2 and one exp2 per
 // element and one of each per four quads for the maximum. (A first pass
-// for the maximum cost the CPU drivers 28% more time.) The sum is
+// for the maximum took 28% of the CPU drivers' time.) The sum is
 // returned relative to the share's largest element: s >= 1 (that
 // element's own term). An integer p tries p_int_quads first.
 fn p_quads(r: Run, sh: Share) -> Partial {
