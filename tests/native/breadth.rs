@@ -554,3 +554,45 @@ fn ten_steps_before_reading_give_ten_ordered_reports() {
     assert_eq!(pollster::block_on(set.read_report()).unwrap().step, 10);
     assert_no_wgpu_errors();
 }
+
+#[test]
+fn integer_order_partials_are_valid_whatever_the_sum() {
+    // An integer p's share sums are kept relative to a power of two at or
+    // below the norm (no largest element tracked): the partial must still
+    // be one NormPartial accepts (s >= 1, m in [1, 2)) and give the norm,
+    // for sums whose exponents are negative or positive and no multiple
+    // of p.
+    let g = gpu();
+    for p in 1..=8u32 {
+        for scale in [3e-4f32, 0.7, 9.0] {
+            let data: Vec<f32> = (0..5_000)
+                .map(|i| {
+                    scale * (1.0 + (i % 17) as f32 / 17.0) * if i % 2 == 0 { 1.0 } else { -1.0 }
+                })
+                .collect();
+            let buffer = upload(&g.device, &data);
+            let set = g
+                .clipper
+                .bind(&buffer, &GradLayout::from_sizes(&[1_000, 4_000]).unwrap())
+                .unwrap();
+            let norm = Norm::P(p as f32);
+            let mut encoder = g.device.create_command_encoder(&Default::default());
+            set.record_norm(&mut encoder, &ClipNorm::new(1.0).norm(norm))
+                .unwrap();
+            g.queue.submit([encoder.finish()]);
+            let report = pollster::block_on(set.read_report()).unwrap();
+            let what = format!("p = {p}, scale {scale}");
+            assert_eq!(
+                NormPartial::from_bytes(report.partial.to_bytes()),
+                Ok(report.partial),
+                "{what}"
+            );
+            assert!(report.partial.check(norm).is_ok(), "{what}");
+            let want = reference::norm(&data, Order::P(p as f64));
+            let cpu = report.partial.total_norm(norm).unwrap();
+            assert!(rel_diff(cpu, want) <= 1e-5, "{what}: {cpu} against {want}");
+            assert!(rel_diff(report.total_norm as f64, want) <= 1e-5, "{what}");
+        }
+    }
+    assert_no_wgpu_errors();
+}
