@@ -437,8 +437,8 @@ fn p_quads(r: Run, sh: Share) -> Partial {
     let sum = (v.x + v.y) + (v.z + v.w);
     // Relative to the largest element: at least its own term, 1, which a
     // rounding of the rescale must not take below.
-    let k = select(exp2(-p_log_ratio(p_ref(top), rf, p)), 1.0, top == rf.bits);
     let d = decode(top);
+    let k = select(exp2(-p_log_ratio(PRef(top, log2(d.m), d.e), rf, p)), 1.0, top == rf.bits);
     return Partial(vec3(max(sum * k, 1.0), d.m, f32(d.e)), 0u);
 }
 

@@ -562,7 +562,6 @@ fn integer_order_partials_are_valid_whatever_the_sum() {
     // be one NormPartial accepts (s >= 1, m in [1, 2)) and give the norm,
     // for sums whose exponents are negative or positive and no multiple
     // of p.
-    let g = gpu();
     for p in 1..=8u32 {
         for scale in [3e-4f32, 0.7, 9.0] {
             let data: Vec<f32> = (0..5_000)
@@ -570,17 +569,11 @@ fn integer_order_partials_are_valid_whatever_the_sum() {
                     scale * (1.0 + (i % 17) as f32 / 17.0) * if i % 2 == 0 { 1.0 } else { -1.0 }
                 })
                 .collect();
-            let buffer = upload(&g.device, &data);
-            let set = g
-                .clipper
-                .bind(&buffer, &GradLayout::from_sizes(&[1_000, 4_000]).unwrap())
-                .unwrap();
             let norm = Norm::P(p as f32);
-            let mut encoder = g.device.create_command_encoder(&Default::default());
-            set.record_norm(&mut encoder, &ClipNorm::new(1.0).norm(norm))
-                .unwrap();
-            g.queue.submit([encoder.finish()]);
-            let report = pollster::block_on(set.read_report()).unwrap();
+            let (report, _) = run_clip(&data, &[1_000, 4_000], |set, enc| {
+                set.record_norm(enc, &ClipNorm::new(1.0).norm(norm))
+            });
+            let report = report.unwrap();
             let what = format!("p = {p}, scale {scale}");
             assert_eq!(
                 NormPartial::from_bytes(report.partial.to_bytes()),
