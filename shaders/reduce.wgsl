@@ -186,40 +186,86 @@ fn in_l2_window(sum: f32) -> bool {
 // kept when their sum lies in the window above (what every element in
 // Blue's medium band, and most chunks of real gradients, give); a share
 // of zeros is recognised by its largest element; anything else (non-finite
-// elements, sums out of the window) is redone exactly. The squares are
-// added with fma: l2_tracked adds the same quads to the same accumulators
-// and uses each square once more, which must not change how a compiler
-// contracts them, or the global result would depend on asking for
-// per-tensor results.
+// elements, sums out of the window) is redone exactly.
 fn l2_quads(r: Run, sh: Share) -> Partial {
-    let y0 = bitcast<vec4<f32>>(edge_bits(r, sh, 0u));
-    let y1 = bitcast<vec4<f32>>(edge_bits(r, sh, 1u));
-    var s0 = y0 * y0;
-    var s1 = y1 * y1;
+    return l2_accept(r, sh, plain_quads(r, sh));
+}
+
+// The plain walk's values of a quad's bits: the elements for L2 (a
+// square needs no sign), their magnitudes for an integer p.
+fn plain_value(b: vec4<u32>) -> vec4<f32> {
+    if KIND == 0u {
+        return bitcast<vec4<f32>>(b);
+    }
+    return bitcast<vec4<f32>>(b & vec4(ABS_MASK));
+}
+
+// What a plain term multiplies its value by: the value for L2 (a square),
+// its (POWER - 1)th power for an integer p (POWER - 2 multiplies). The
+// walks add a term as fma(term_base(z), z, s): one rounding, pinned.
+// plain_tracked adds the same quads to the same accumulators and uses
+// each term once more, which must not change how a compiler contracts
+// them, or the global result would depend on asking for per-tensor
+// results.
+fn term_base(z: vec4<f32>) -> vec4<f32> {
+    if KIND == 0u {
+        return z;
+    }
+    var y = select(z, vec4(1.0), POWER <= 1u);
+    for (var i = 2u; i < POWER; i++) {
+        y *= z;
+    }
+    return y;
+}
+
+// A quad's plain terms: z^2, or z^POWER (POWER - 1 multiplies, each
+// within half an ulp).
+fn plain_term(z: vec4<f32>) -> vec4<f32> {
+    return term_base(z) * z;
+}
+
+// The sum of a quad's plain terms, for a segment's running sum.
+fn seg_term(z: vec4<f32>) -> f32 {
+    if KIND == 0u {
+        return dot(z, z);
+    }
+    let y = plain_term(z);
+    return (y.x + y.y) + (y.z + y.w);
+}
+
+// The plain terms of a share of run r, summed in LANES accumulators: the
+// walk of l2_quads and p_int_quads.
+fn plain_quads(r: Run, sh: Share) -> vec4<f32> {
+    var s0 = plain_term(plain_value(edge_bits(r, sh, 0u)));
+    var s1 = plain_term(plain_value(edge_bits(r, sh, 1u)));
     var s2 = vec4<f32>(0.0);
     var s3 = vec4<f32>(0.0);
     let st = sh.stride;
     var q = sh.first;
     for (; q + (LANES - 1u) * st < sh.end; q += LANES * st) {
-        let z0 = bitcast<vec4<f32>>(load_quad(q));
-        let z1 = bitcast<vec4<f32>>(load_quad(q + st));
-        let z2 = bitcast<vec4<f32>>(load_quad(q + 2u * st));
-        let z3 = bitcast<vec4<f32>>(load_quad(q + 3u * st));
-        s0 = fma(z0, z0, s0);
-        s1 = fma(z1, z1, s1);
-        s2 = fma(z2, z2, s2);
-        s3 = fma(z3, z3, s3);
+        let z0 = plain_value(load_quad(q));
+        let z1 = plain_value(load_quad(q + st));
+        let z2 = plain_value(load_quad(q + 2u * st));
+        let z3 = plain_value(load_quad(q + 3u * st));
+        s0 = fma(term_base(z0), z0, s0);
+        s1 = fma(term_base(z1), z1, s1);
+        s2 = fma(term_base(z2), z2, s2);
+        s3 = fma(term_base(z3), z3, s3);
     }
     for (; q < sh.end; q += st) {
-        let z = bitcast<vec4<f32>>(load_quad(q));
-        s0 = fma(z, z, s0);
+        let z = plain_value(load_quad(q));
+        s0 = fma(term_base(z), z, s0);
     }
-    return l2_accept(r, sh, (s0 + s1) + (s2 + s3));
+    return (s0 + s1) + (s2 + s3);
+}
+
+fn plain_sum(v: vec4<f32>) -> f32 {
+    return (v.x + v.y) + (v.z + v.w);
 }
 
 // The L2 partial of a share of run r whose plain squares summed to v.
 fn l2_accept(r: Run, sh: Share, v: vec4<f32>) -> Partial {
-    let sum = (v.x + v.y) + (v.z + v.w);
+    let sum = plain_sum(v);
     if in_l2_window(sum) {
         return Partial(vec3(0.0, sum, 0.0), 0u);
     }
@@ -329,15 +375,6 @@ fn p_step(top: u32, r: PRef, p: f32) -> PStep {
 // time than the whole L2 reduce.
 override POWER: u32 = 0u;
 
-// x^POWER by POWER - 1 multiplies, each within half an ulp.
-fn power(x: vec4<f32>) -> vec4<f32> {
-    var y = x;
-    for (var i = 1u; i < POWER; i++) {
-        y *= x;
-    }
-    return y;
-}
-
 // The p-sum of a share of run r for p = POWER, in one pass: plain powers of
 // |g| (POWER - 1 multiplies each) in LANES accumulators. Kept when the sum
 // is at least 2^-79, for l2_quads's reason (terms that left the normal
@@ -350,24 +387,12 @@ fn power(x: vec4<f32>) -> vec4<f32> {
 // exponent arithmetic: no largest element to track (a float max per
 // element, a fifth of the loop's work), and no division.
 fn p_int_quads(r: Run, sh: Share) -> Partial {
-    let abs4 = vec4(ABS_MASK);
-    var s0 = power(bitcast<vec4<f32>>(edge_bits(r, sh, 0u) & abs4));
-    var s1 = power(bitcast<vec4<f32>>(edge_bits(r, sh, 1u) & abs4));
-    var s2 = vec4<f32>(0.0);
-    var s3 = vec4<f32>(0.0);
-    let st = sh.stride;
-    var q = sh.first;
-    for (; q + (LANES - 1u) * st < sh.end; q += LANES * st) {
-        s0 += power(bitcast<vec4<f32>>(load_quad(q) & abs4));
-        s1 += power(bitcast<vec4<f32>>(load_quad(q + st) & abs4));
-        s2 += power(bitcast<vec4<f32>>(load_quad(q + 2u * st) & abs4));
-        s3 += power(bitcast<vec4<f32>>(load_quad(q + 3u * st) & abs4));
-    }
-    for (; q < sh.end; q += st) {
-        s0 += power(bitcast<vec4<f32>>(load_quad(q) & abs4));
-    }
-    let v = (s0 + s1) + (s2 + s3);
-    let sum = (v.x + v.y) + (v.z + v.w);
+    return p_int_partial(plain_sum(plain_quads(r, sh)));
+}
+
+// The p-sum of plain terms that summed to `sum`, or a zero sum where
+// p_int_quads does not keep it.
+fn p_int_partial(sum: f32) -> Partial {
     let bits = bitcast<u32>(sum);
     if bits < L2_SUM_MIN_BITS || bits >= EXP_MASK {
         return Partial(vec3(0.0), 0u);
@@ -384,14 +409,8 @@ fn p_int_quads(r: Run, sh: Share) -> Partial {
 // element and one of each per four quads for the maximum. (A first pass
 // for the maximum took 28% of the CPU drivers' time.) The sum is
 // returned relative to the share's largest element: s >= 1 (that
-// element's own term). An integer p tries p_int_quads first.
-fn p_quads(r: Run, sh: Share) -> Partial {
-    if POWER != 0u {
-        let direct = p_int_quads(r, sh);
-        if direct.v.x != 0.0 {
-            return direct;
-        }
-    }
+// element's own term).
+fn p_general(r: Run, sh: Share) -> Partial {
     let p = cfg.p;
     let abs4 = vec4(ABS_MASK);
     let e0 = edge_bits(r, sh, 0u) & abs4;
@@ -442,6 +461,17 @@ fn p_quads(r: Run, sh: Share) -> Partial {
     return Partial(vec3(max(sum * k, 1.0), d.m, f32(d.e)), 0u);
 }
 
+// The p-sum of a share of run r: an integer p tries p_int_quads first.
+fn p_quads(r: Run, sh: Share) -> Partial {
+    if POWER != 0u {
+        let direct = p_int_quads(r, sh);
+        if direct.v.x != 0.0 {
+            return direct;
+        }
+    }
+    return p_general(r, sh);
+}
+
 // A share of the run [start, start + len) under the kind.
 fn share_fold(r: Run, sh: Share, kind: u32) -> Partial {
     switch kind {
@@ -472,16 +502,21 @@ fn workgroup_fold(start: u32, len: u32, t: u32, kind: u32) {
 // (their loads, not memory, are the limit: 10^4 tensors of 10^3 elements,
 // reduce_tensors 8.4 ms against reduce's 4.1 on lavapipe). So where a
 // chunk's segments fit in seg_slots, reduce_tensors folds L2 and Inf
-// segments during the flat walk: each lane keeps the plain sum of squares
-// (or the largest bits) of the segment its quads are in and, on leaving
-// it, stores it in the segment's slot for that lane and team. A segment's
-// slots are then folded team by team and lane by lane, its elements in
-// the chunk's edge quads last: a fixed order, so the result is
-// deterministic. It is kept where l2_quads would keep a plain sum (the
-// same window, for the same reason); zero sums, sums out of the window and
-// non-finite elements go to the element-wise and per-segment paths below.
-// The flat walk itself adds the same quads to the same accumulators as
-// l2_quads and max_quads, so the global result keeps its bits.
+// segments during the flat walk: each lane keeps the plain sum of
+// squares or powers (or the largest bits) of the segment its quads are in
+// and, on leaving it, stores it in the segment's slot for that lane and
+// team. A segment's slots are then folded team by team and lane by lane,
+// its elements in the chunk's edge quads last: a fixed order, so the
+// result is deterministic. It is kept where l2_quads or p_int_quads would keep a
+// plain sum (the same window, for the same reason); zero sums, sums out of
+// the window and non-finite elements go to the element-wise and
+// per-segment paths below. The flat walk itself adds the same quads to the
+// same accumulators as plain_quads and max_quads, so the global result
+// keeps its bits. p is not tracked: a general p's terms are relative to a
+// running maximum, which a segment would need its own of; an integer p's
+// are plain, and plain_tracked walks them, but its tracked pipelines
+// compiled for longer than wgpu's GL backend holds its context lock (6 s,
+// llvmpipe without a shader cache), and other threads' calls failed.
 
 // Rows of TEAM slots: a chunk of S segments needs S + WG / TEAM - 1 of
 // them (row (s - first segment) + team, one per segment a team's piece
@@ -562,8 +597,7 @@ fn seg_add(tr: ptr<function, SegTrack>, b: vec4<u32>, keep: vec4<bool>) {
     if KIND == 1u {
         (*tr).top = max((*tr).top, a);
     } else {
-        let w = bitcast<vec4<f32>>(a);
-        (*tr).sum += dot(w, w);
+        (*tr).sum += seg_term(bitcast<vec4<f32>>(a));
     }
 }
 
@@ -632,21 +666,15 @@ fn seg_step(tr: ptr<function, SegTrack>, b0: vec4<u32>, b1: vec4<u32>, b2: vec4<
                 done.top = max(t.top, before);
                 rest_top = max(max(select(a0, vec4(0u), in0), select(a1, vec4(0u), in1)), max(select(a2, vec4(0u), in2), select(a3, vec4(0u), in3)));
             } else {
-                let w0 = bitcast<vec4<f32>>(a0);
-                let w1 = bitcast<vec4<f32>>(a1);
-                let w2 = bitcast<vec4<f32>>(a2);
-                let w3 = bitcast<vec4<f32>>(a3);
+                // Each term once, then split: an integer p's powers are
+                // POWER - 1 multiplies each.
+                let t0 = plain_term(bitcast<vec4<f32>>(a0));
+                let t1 = plain_term(bitcast<vec4<f32>>(a1));
+                let t2 = plain_term(bitcast<vec4<f32>>(a2));
+                let t3 = plain_term(bitcast<vec4<f32>>(a3));
                 let z = vec4(0.0);
-                let p0 = select(z, w0, in0);
-                let p1 = select(z, w1, in1);
-                let p2 = select(z, w2, in2);
-                let p3 = select(z, w3, in3);
-                let n0 = select(w0, z, in0);
-                let n1 = select(w1, z, in1);
-                let n2 = select(w2, z, in2);
-                let n3 = select(w3, z, in3);
-                done.sum = t.sum + ((dot(p0, p0) + dot(p1, p1)) + (dot(p2, p2) + dot(p3, p3)));
-                rest_sum = (dot(n0, n0) + dot(n1, n1)) + (dot(n2, n2) + dot(n3, n3));
+                done.sum = t.sum + plain_sum((select(z, t0, in0) + select(z, t1, in1)) + (select(z, t2, in2) + select(z, t3, in3)));
+                rest_sum = plain_sum((select(t0, z, in0) + select(t1, z, in1)) + (select(t2, z, in2) + select(t3, z, in3)));
             }
             seg_store(done);
             *tr = SegTrack(t.segs, t.team, t.lane, t.s + 1u, t.last, next.start, next.start + next.len, rest_sum, rest_top);
@@ -673,14 +701,12 @@ fn seg_finish(tr: ptr<function, SegTrack>) {
     }
 }
 
-// l2_quads of a share of a flat chunk, tracking the segments: the main
+// plain_quads of a share of a flat chunk, tracking the segments: the main
 // loop runs without a check up to the next segment's first quad, takes
 // that step quad by quad, and goes on.
-fn l2_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>) -> Partial {
-    let y0 = bitcast<vec4<f32>>(edge_bits(r, sh, 0u));
-    let y1 = bitcast<vec4<f32>>(edge_bits(r, sh, 1u));
-    var s0 = y0 * y0;
-    var s1 = y1 * y1;
+fn plain_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>) -> vec4<f32> {
+    var s0 = plain_term(plain_value(edge_bits(r, sh, 0u)));
+    var s1 = plain_term(plain_value(edge_bits(r, sh, 1u)));
     var s2 = vec4<f32>(0.0);
     var s3 = vec4<f32>(0.0);
     let st = sh.stride;
@@ -689,15 +715,15 @@ fn l2_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>) -> Partial {
         let stop = seg_stop(tr, sh);
         var g = (*tr).sum;
         for (; q + (LANES - 1u) * st < stop; q += LANES * st) {
-            let z0 = bitcast<vec4<f32>>(load_quad(q));
-            let z1 = bitcast<vec4<f32>>(load_quad(q + st));
-            let z2 = bitcast<vec4<f32>>(load_quad(q + 2u * st));
-            let z3 = bitcast<vec4<f32>>(load_quad(q + 3u * st));
-            s0 = fma(z0, z0, s0);
-            s1 = fma(z1, z1, s1);
-            s2 = fma(z2, z2, s2);
-            s3 = fma(z3, z3, s3);
-            g += (dot(z0, z0) + dot(z1, z1)) + (dot(z2, z2) + dot(z3, z3));
+            let z0 = plain_value(load_quad(q));
+            let z1 = plain_value(load_quad(q + st));
+            let z2 = plain_value(load_quad(q + 2u * st));
+            let z3 = plain_value(load_quad(q + 3u * st));
+            s0 = fma(term_base(z0), z0, s0);
+            s1 = fma(term_base(z1), z1, s1);
+            s2 = fma(term_base(z2), z2, s2);
+            s3 = fma(term_base(z3), z3, s3);
+            g += (seg_term(z0) + seg_term(z1)) + (seg_term(z2) + seg_term(z3));
         }
         (*tr).sum = g;
         if q + (LANES - 1u) * st >= sh.end {
@@ -707,29 +733,29 @@ fn l2_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>) -> Partial {
         let b1 = load_quad(q + st);
         let b2 = load_quad(q + 2u * st);
         let b3 = load_quad(q + 3u * st);
-        let z0 = bitcast<vec4<f32>>(b0);
-        let z1 = bitcast<vec4<f32>>(b1);
-        let z2 = bitcast<vec4<f32>>(b2);
-        let z3 = bitcast<vec4<f32>>(b3);
-        s0 = fma(z0, z0, s0);
-        s1 = fma(z1, z1, s1);
-        s2 = fma(z2, z2, s2);
-        s3 = fma(z3, z3, s3);
+        let z0 = plain_value(b0);
+        let z1 = plain_value(b1);
+        let z2 = plain_value(b2);
+        let z3 = plain_value(b3);
+        s0 = fma(term_base(z0), z0, s0);
+        s1 = fma(term_base(z1), z1, s1);
+        s2 = fma(term_base(z2), z2, s2);
+        s3 = fma(term_base(z3), z3, s3);
         seg_step(tr, b0, b1, b2, b3, q, st);
         q += LANES * st;
     }
     for (; q < sh.end; q += st) {
         let b = load_quad(q);
-        let z = bitcast<vec4<f32>>(b);
-        s0 = fma(z, z, s0);
+        let z = plain_value(b);
+        s0 = fma(term_base(z), z, s0);
         seg_take(tr, b, q);
     }
     seg_finish(tr);
-    return l2_accept(r, sh, (s0 + s1) + (s2 + s3));
+    return (s0 + s1) + (s2 + s3);
 }
 
 // max_quads of a share of a flat chunk, tracking the segments as
-// l2_tracked does.
+// plain_tracked does.
 fn inf_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>) -> Partial {
     var m = max(edge_bits(r, sh, 0u) & vec4(ABS_MASK), edge_bits(r, sh, 1u) & vec4(ABS_MASK));
     let st = sh.stride;
@@ -796,21 +822,24 @@ fn tracked_partial(r: Run, segs: vec2<u32>, s: u32) -> Tracked {
         let e = edge(r, k);
         if e.has {
             let a = quad_in(e.q, sr) & vec4(ABS_MASK);
-            let w = bitcast<vec4<f32>>(a);
-            let c = w * w;
-            sum += (c.x + c.y) + (c.z + c.w);
+            sum += plain_sum(plain_term(bitcast<vec4<f32>>(a)));
             top = max(top, max4(a));
         }
     }
     return plain_partial(sum, top);
 }
 
-// A segment's partial from its plain sum of squares (L2) or its largest
-// bits (Inf), where l2_accept and inf_accept would keep it: a sum in the
-// fast path's window, a finite largest element. Not for general p.
+// A segment's partial from its plain sum of terms (L2, integer p) or its
+// largest bits (Inf), where l2_accept, p_int_quads and inf_accept would
+// keep it: a sum in the fast path's window, a finite largest element. Not
+// for general p.
 fn plain_partial(sum: f32, top: u32) -> Tracked {
     if KIND == 1u {
         return Tracked(Partial(vec3(bitcast<f32>(top), 0.0, 0.0), 0u), top < EXP_MASK);
+    }
+    if KIND == 2u {
+        let p = p_int_partial(sum);
+        return Tracked(p, POWER != 0u && p.v.x != 0.0);
     }
     return Tracked(Partial(vec3(0.0, sum, 0.0), 0u), KIND == 0u && in_l2_window(sum));
 }
@@ -823,7 +852,7 @@ fn tiny_partial(sg: Chunk) -> Tracked {
     for (var i = sg.start; i < sg.start + sg.len; i++) {
         let a = load_quad(i >> 2u)[i & 3u] & ABS_MASK;
         let y = bitcast<f32>(a);
-        sum = fma(y, y, sum);
+        sum = fma(term_base(vec4(y)).x, y, sum);
         top = max(top, a);
     }
     return plain_partial(sum, top);
@@ -970,11 +999,20 @@ fn reduce_flat_tracked(c: u32, t: u32, segs: vec2<u32>) -> Partial {
     let ch = chunk_at(c);
     let r = run_of(ch.start, ch.len);
     var tr = seg_track(r, segs, t);
+    let sh = team_share(r, t);
     var q: Partial;
     if KIND == 1u {
-        q = inf_tracked(r, team_share(r, t), &tr);
+        q = inf_tracked(r, sh, &tr);
     } else {
-        q = l2_tracked(r, team_share(r, t), &tr);
+        let v = plain_tracked(r, sh, &tr);
+        if KIND == 0u {
+            q = l2_accept(r, sh, v);
+        } else {
+            q = p_int_partial(plain_sum(v));
+            if q.v.x == 0.0 {
+                q = p_general(r, sh);
+            }
+        }
     }
     wg_v[t] = q.v;
     wg_f[t] = q.flags;

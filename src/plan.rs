@@ -440,6 +440,9 @@ pub(crate) struct Bound {
     /// The reduce's dispatch: one workgroup per flat chunk of the busiest
     /// window ([`grid`]).
     pub reduce_grid: [u32; 2],
+    /// Whether a flat chunk holds more than one segment (a tensor boundary
+    /// inside it): the per-tensor reduce has segments to track only then.
+    pub shared_chunks: bool,
     /// Workgroups of the per-tensor statistics pass (invocations striding
     /// over the tensors, `tensors_per_invocation` each where there are that
     /// many), for workgroups of `workgroup_size` invocations.
@@ -494,6 +497,7 @@ impl Bound {
             workgroups: segments.clamp(1, cap),
             flat_workgroups: flat.clamp(1, cap),
             reduce_grid: grid(flat, limits.max_compute_workgroups_per_dimension)?,
+            shared_chunks: plan.shared_chunks(),
             tensor_stat_workgroups: (layout.len() as u64)
                 .div_ceil(workgroup_size as u64 * tensors_per_invocation.max(1) as u64)
                 .clamp(1, cap as u64) as u32,
@@ -509,6 +513,12 @@ pub(crate) fn stats_size(tensors: usize) -> u64 {
 }
 
 impl Plan {
+    /// Whether a flat chunk holds more than one segment: every flat chunk
+    /// holds one at least.
+    pub fn shared_chunks(&self) -> bool {
+        self.chunks.len() > self.flat.len()
+    }
+
     /// Partials, indexed like the chunk table: per-tensor chunks, then flat ones.
     pub fn partials_len(&self) -> u64 {
         (self.chunks.len() + self.flat.len()) as u64
@@ -729,6 +739,21 @@ mod tests {
         let straddling = (1..12).filter(|k| (256 * k) % 3 != 0).count();
         assert_eq!(plan.chunks.len(), 1000 + straddling);
         check_cover(&layout, &placements, &plan, 1 << 20);
+        assert!(plan.shared_chunks());
+    }
+
+    #[test]
+    fn chunks_are_shared_only_where_a_tensor_boundary_falls_inside_one() {
+        let shared = |sizes: &[usize]| {
+            let layout = GradLayout::from_sizes(sizes).unwrap();
+            plan(&layout, &packed(&layout), 256, 1 << 20, 256)
+                .unwrap()
+                .shared_chunks()
+        };
+        assert!(!shared(&[1000]));
+        assert!(!shared(&[256, 512, 0, 100]));
+        assert!(shared(&[256, 100, 100]));
+        assert!(shared(&[1000, 1]));
     }
 
     #[test]

@@ -514,7 +514,12 @@ impl GradSet {
     /// the encoder, the step count and the set untouched.
     fn prepare_norm(&self, reduction: Reduction, config: &ClipConfig) -> Result<()> {
         for (_, elem) in self.window_pipelines() {
-            self.inner.reduce(elem, reduction, per_tensor(config))?;
+            self.inner.reduce(
+                elem,
+                reduction,
+                per_tensor(config),
+                self.bound.shared_chunks,
+            )?;
         }
         if per_tensor(config) {
             self.inner.tensor_stats(reduction)?;
@@ -564,7 +569,12 @@ impl GradSet {
             // norm's bits never depend on the clip's per-tensor options.
             let [x, y] = self.bound.reduce_grid;
             for (bind_group, elem) in self.window_pipelines() {
-                pass.set_pipeline(self.inner.reduce(elem, reduction, per_tensor(config))?);
+                pass.set_pipeline(self.inner.reduce(
+                    elem,
+                    reduction,
+                    per_tensor(config),
+                    self.bound.shared_chunks,
+                )?);
                 pass.set_bind_group(0, bind_group, &[]);
                 pass.dispatch_workgroups(x, y, 1);
             }
