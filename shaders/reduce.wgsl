@@ -224,13 +224,10 @@ fn plain_term(z: vec4<f32>) -> vec4<f32> {
     return term_base(z) * z;
 }
 
-// The sum of a quad's plain terms, for a segment's running sum.
+// The sum of a quad's squares, for a segment's running sum in the tracked
+// walk (L2's: tracks_segments leaves p out).
 fn seg_term(z: vec4<f32>) -> f32 {
-    if KIND == 0u {
-        return dot(z, z);
-    }
-    let y = plain_term(z);
-    return (y.x + y.y) + (y.z + y.w);
+    return dot(z, z);
 }
 
 // The plain terms of a share of run r, summed in LANES accumulators: the
@@ -514,9 +511,10 @@ fn workgroup_fold(start: u32, len: u32, t: u32, kind: u32) {
 // same accumulators as plain_quads and max_quads, so the global result
 // keeps its bits. p is not tracked: a general p's terms are relative to a
 // running maximum, which a segment would need its own of; an integer p's
-// are plain, and plain_tracked walks them, but its tracked pipelines
-// compiled for longer than wgpu's GL backend holds its context lock (6 s,
-// llvmpipe without a shader cache), and other threads' calls failed.
+// are plain, and plain_tracked would walk them with seg_term taking their
+// powers, but such tracked pipelines compiled for longer than wgpu's GL
+// backend holds its context lock (6 s, llvmpipe without a shader cache),
+// and other threads' calls failed.
 
 // Rows of TEAM slots: a chunk of S segments needs S + WG / TEAM - 1 of
 // them (row (s - first segment) + team, one per segment a team's piece
@@ -666,8 +664,7 @@ fn seg_step(tr: ptr<function, SegTrack>, b0: vec4<u32>, b1: vec4<u32>, b2: vec4<
                 done.top = max(t.top, before);
                 rest_top = max(max(select(a0, vec4(0u), in0), select(a1, vec4(0u), in1)), max(select(a2, vec4(0u), in2), select(a3, vec4(0u), in3)));
             } else {
-                // Each term once, then split: an integer p's powers are
-                // POWER - 1 multiplies each.
+                // Each square once, then split by the masks.
                 let t0 = plain_term(bitcast<vec4<f32>>(a0));
                 let t1 = plain_term(bitcast<vec4<f32>>(a1));
                 let t2 = plain_term(bitcast<vec4<f32>>(a2));
@@ -1004,15 +1001,7 @@ fn reduce_flat_tracked(c: u32, t: u32, segs: vec2<u32>) -> Partial {
     if KIND == 1u {
         q = inf_tracked(r, sh, &tr);
     } else {
-        let v = plain_tracked(r, sh, &tr);
-        if KIND == 0u {
-            q = l2_accept(r, sh, v);
-        } else {
-            q = p_int_partial(plain_sum(v));
-            if q.v.x == 0.0 {
-                q = p_general(r, sh);
-            }
-        }
+        q = l2_accept(r, sh, plain_tracked(r, sh, &tr));
     }
     wg_v[t] = q.v;
     wg_f[t] = q.flags;
