@@ -440,9 +440,6 @@ pub(crate) struct Bound {
     /// The reduce's dispatch: one workgroup per flat chunk of the busiest
     /// window ([`grid`]).
     pub reduce_grid: [u32; 2],
-    /// Whether a flat chunk holds more than one segment (a tensor boundary
-    /// inside it): the per-tensor reduce has segments to track only then.
-    pub shared_chunks: bool,
     /// Workgroups of the per-tensor statistics pass (invocations striding
     /// over the tensors, `tensors_per_invocation` each where there are that
     /// many), for workgroups of `workgroup_size` invocations.
@@ -497,7 +494,6 @@ impl Bound {
             workgroups: segments.clamp(1, cap),
             flat_workgroups: flat.clamp(1, cap),
             reduce_grid: grid(flat, limits.max_compute_workgroups_per_dimension)?,
-            shared_chunks: plan.shared_chunks(),
             tensor_stat_workgroups: (layout.len() as u64)
                 .div_ceil(workgroup_size as u64 * tensors_per_invocation.max(1) as u64)
                 .clamp(1, cap as u64) as u32,

@@ -46,7 +46,8 @@ pub(super) struct Bindings {
     pub flat_workgroups: u32,
     /// The reduce's grid: one workgroup per flat chunk.
     pub reduce_grid: [u32; 2],
-    /// Whether a flat chunk holds more than one segment.
+    /// Whether a flat chunk holds more than one segment (a tensor boundary
+    /// inside it): the per-tensor reduce has segments to track only then.
     pub shared_chunks: bool,
     /// Grid-stride workgroups over segments (the per-tensor scale walk).
     pub tensor_workgroups: u32,
@@ -117,7 +118,7 @@ impl Bindings {
         self.chunk_elements = bound.chunk_elements;
         self.flat_workgroups = bound.flat_workgroups;
         self.reduce_grid = bound.reduce_grid;
-        self.shared_chunks = bound.shared_chunks;
+        self.shared_chunks = bound.plan.shared_chunks();
         self.tensor_workgroups = bound.workgroups;
         self.tensor_stat_workgroups = bound.tensor_stat_workgroups;
         self.buffers = placed.buffers.iter().map(|b| (*b).clone()).collect();
@@ -493,7 +494,7 @@ fn bindings(
         chunk_elements: bound.chunk_elements,
         flat_workgroups: bound.flat_workgroups,
         reduce_grid: bound.reduce_grid,
-        shared_chunks: bound.shared_chunks,
+        shared_chunks: bound.plan.shared_chunks(),
         tensor_workgroups: bound.workgroups,
         tensor_stat_workgroups: bound.tensor_stat_workgroups,
         buffers: placed.buffers.iter().map(|b| (*b).clone()).collect(),
