@@ -215,16 +215,18 @@ fn stride_workgroups() -> u32 {
     return select(win.flat_workgroups, win.workgroups, scale_by_tensor());
 }
 
-// Invocations of a team: the passes cut each run's inner quads into WG / TEAM
+// Invocations of a team, injected by the host (shaders::TEAM_OVERRIDE,
+// no default): the passes cut each run's inner quads into WG / TEAM
 // contiguous pieces, one per team of TEAM neighbouring invocations, which
-// read it in turns (lane l of a team takes quads l, l + TEAM, ...). Loads of
-// neighbouring invocations stay neighbours, as GPUs want, while each team
-// streams one contiguous piece: CPU drivers run a SIMD group's invocations
-// (8 on lavapipe, 4 on SwiftShader) to the next barrier before starting the
-// next group's, so a whole-workgroup stride made every group re-read the
-// run in short pieces scattered over it. Divides every workgroup size the
-// host picks (a power of two, at least 32).
-const TEAM: u32 = 8u;
+// read it in turns (lane l of a team takes quads l, l + TEAM, ...). On GPUs
+// (shaders::GPU_TEAM) loads of neighbouring invocations stay neighbours
+// while each team streams one piece. CPU drivers (shaders::CPU_TEAM, one)
+// read fastest when each invocation streams a piece of its own: lavapipe
+// and llvmpipe run a SIMD group's invocations side by side, and lanes
+// reading in turns made their reduce pass 1.5-1.9x slower than lanes each
+// reading on from its own last load (docs/bench-cpu-drivers.md). Divides
+// every workgroup size the host picks.
+override TEAM: u32;
 
 // Invocation t's quads of a run of `quads` quads: the first one, and the
 // end of its team's piece (the walk's stride is TEAM).

@@ -516,15 +516,16 @@ fn workgroup_fold(start: u32, len: u32, t: u32, kind: u32) {
 // backend holds its context lock (6 s, llvmpipe without a shader cache),
 // and other threads' calls failed.
 
-// Rows of TEAM slots: a chunk of S segments needs S + WG / TEAM - 1 of
-// them (row (s - first segment) + team, one per segment a team's piece
-// holds elements of; consecutive pieces share at most one segment). 192
-// rows take 6 KiB of workgroup memory, which with the rest of the reduce's
-// fits WebGPU's 16 KiB at 256 invocations; they hold chunks of up to 189
-// segments on CPU drivers (131 072-element chunks: segments of 700
-// elements on average), 161 on GPUs (32 768: 200).
-const SLOT_ROWS: u32 = 192u;
-var<workgroup> seg_slots: array<u32, SLOT_ROWS * TEAM>;
+// Slots in rows of TEAM: a chunk of S segments needs S + WG / TEAM - 1
+// rows (row (s - first segment) + team, one per segment a team's piece
+// holds elements of; consecutive pieces share at most one segment). 1536
+// words take 6 KiB of workgroup memory, which with the rest of the
+// reduce's fits WebGPU's 16 KiB at 256 invocations: on GPUs (TEAM 8) 192
+// rows, for chunks of up to 161 segments (32 768 elements: 200 on
+// average); on CPU drivers (TEAM 1, 32 invocations) 1536 rows, for up to
+// 1505 (131 072 elements: 87).
+const SLOT_WORDS: u32 = 1536u;
+var<workgroup> seg_slots: array<u32, SLOT_WORDS>;
 
 // Whether this device's reduce_tensors pipelines fold segments in the
 // flat walk at all, injected by the host (shaders::TRACK_OVERRIDE). Off on
@@ -535,7 +536,7 @@ override TRACK: bool = true;
 // Whether reduce_tensors folds the segments [segs.x, segs.y) of a chunk
 // in its flat walk (a uniform choice: it depends on the plan alone).
 fn tracks_segments(segs: vec2<u32>) -> bool {
-    return TRACK && KIND != 2u && segs.y - segs.x > 1u && (segs.y - segs.x) + WG / TEAM - 1u <= SLOT_ROWS;
+    return TRACK && KIND != 2u && segs.y - segs.x > 1u && (segs.y - segs.x) + WG / TEAM - 1u <= SLOT_WORDS / TEAM;
 }
 
 fn slot(segs: vec2<u32>, s: u32, team: u32, lane: u32) -> u32 {

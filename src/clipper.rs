@@ -26,6 +26,12 @@ const PREFERRED_WORKGROUP_SIZE: u32 = 256;
 const CPU_WORKGROUP_SIZE: u32 = MIN_WORKGROUP_SIZE;
 /// Smallest workgroup size accepted from a device's limits.
 const MIN_WORKGROUP_SIZE: u32 = 32;
+// A team divides every workgroup size the host picks (powers of two from
+// the smallest up).
+const _: () = assert!(
+    MIN_WORKGROUP_SIZE.is_multiple_of(shaders::GPU_TEAM)
+        && CPU_WORKGROUP_SIZE.is_multiple_of(shaders::CPU_TEAM)
+);
 
 /// Owns everything about gradient clipping that depends only on the device:
 /// shader modules, the bind-group layout shared by all passes and the
@@ -63,6 +69,9 @@ pub(crate) struct Inner {
     /// The longest flat chunk of a set on this device (see
     /// [`GradSet::chunk_elements`](crate::GradSet::chunk_elements)).
     pub chunk_elements: u32,
+    /// Invocations that read each piece of a run in turns (the `TEAM`
+    /// override: [`shaders::GPU_TEAM`] or [`shaders::CPU_TEAM`]).
+    team: u32,
     /// The reduce pipelines' `TRACK` override ([`tracks_segments`]).
     track_segments: bool,
     /// Tensors each invocation of the per-tensor statistics pass takes
@@ -241,9 +250,9 @@ impl Clipper {
         )?;
         let device_type = device_type(device);
         let workgroup_size = workgroup_size(&limits, device_type)?;
-        let chunk_elements = match device_type {
-            wgpu::DeviceType::Cpu => shaders::CPU_CHUNK_ELEMENTS,
-            _ => shaders::MIN_CHUNK_ELEMENTS,
+        let (chunk_elements, team) = match device_type {
+            wgpu::DeviceType::Cpu => (shaders::CPU_CHUNK_ELEMENTS, shaders::CPU_TEAM),
+            _ => (shaders::MIN_CHUNK_ELEMENTS, shaders::GPU_TEAM),
         };
         // CPU drivers run the general path's masked pass once per block of
         // tensors an invocation takes, however few of the block need it:
@@ -310,6 +319,7 @@ impl Clipper {
                 },
                 workgroup_size,
                 chunk_elements,
+                team,
                 track_segments: tracks_segments(device),
                 tensors_per_invocation,
             }),
@@ -420,7 +430,7 @@ impl Inner {
             &self.pipeline_layout,
             module,
             entry,
-            (self.workgroup_size, self.chunk_elements),
+            (self.workgroup_size, self.chunk_elements, self.team),
             specialised,
         );
         catch.end()?;
@@ -515,12 +525,13 @@ fn make_pipeline(
     layout: &wgpu::PipelineLayout,
     (module, shader): (&PassModule, &wgpu::ShaderModule),
     entry: &str,
-    (workgroup_size, chunk_elements): (u32, u32),
+    (workgroup_size, chunk_elements, team): (u32, u32, u32),
     specialised: Specialised,
 ) -> wgpu::ComputePipeline {
     let mut constants = vec![
         (shaders::WORKGROUP_SIZE_OVERRIDE, workgroup_size as f64),
         (shaders::CHUNK_OVERRIDE, chunk_elements as f64),
+        (shaders::TEAM_OVERRIDE, team as f64),
     ];
     let mut label = format!("{} {entry}", module.name);
     if let Specialised::Kind(r) | Specialised::Reduce(r, _) = specialised {

@@ -293,12 +293,24 @@ pub const POWER_OVERRIDE: &str = "POWER";
 /// where a chunk's segments fit its slots (off where that measured slower
 /// than walking each segment again: SwiftShader).
 pub const TRACK_OVERRIDE: &str = "TRACK";
+/// Name of the pipeline-overridable constant that sets how many
+/// neighbouring invocations read each contiguous piece of a run in turns
+/// (`TEAM` in common.wgsl, which has no default: every pipeline of a
+/// module that has it gets it from the host).
+pub const TEAM_OVERRIDE: &str = "TEAM";
+/// `TEAM` on GPUs: a team's loads in one step are 128 contiguous bytes.
+pub const GPU_TEAM: u32 = 8;
+/// `TEAM` on CPU adapters: each invocation streams a piece of its own,
+/// which lavapipe and llvmpipe read 1.5-1.9x faster than pieces read by
+/// eight lanes in turns (the reduce pass at 10^7 and 2.5 10^7 elements,
+/// docs/bench-cpu-drivers.md); SwiftShader reads both alike.
+pub const CPU_TEAM: u32 = 1;
 /// Workgroup memory of the reduce pass that does not grow with the
 /// workgroup size, in bytes: the lists of a chunk's long and medium
 /// segments with their counters (128 + 1024 + 4 words) and the tracked
-/// walk's slots (192 rows of 8 words). The test suite reads the real
+/// walk's slots (1536 words). The test suite reads the real
 /// figure from the shader with naga.
-pub const REDUCE_WORKGROUP_FIXED_BYTES: u32 = 4 * (128 + 1024 + 4 + 192 * 8);
+pub const REDUCE_WORKGROUP_FIXED_BYTES: u32 = 4 * (128 + 1024 + 4 + 1536);
 /// Workgroup memory of the reduce pass per invocation, in bytes: the
 /// fold's `vec3<f32>` (a 16-byte stride) and `u32`.
 pub const REDUCE_WORKGROUP_BYTES_PER_INVOCATION: u32 = 16 + 4;

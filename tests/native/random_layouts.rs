@@ -100,12 +100,25 @@ fn tracked_layout() -> impl Strategy<Value = Vec<(usize, i32)>> {
     prop::collection::vec((size, -100..120i32), 40..400)
 }
 
+/// Hundreds to a couple of thousand tensors of at most a few hundred
+/// elements: chunks of a few hundred segments, which CPU drivers track in
+/// the flat walk (each invocation its own piece: up to 1505 segments in a
+/// chunk) and GPUs do not (up to 161); or up to 3000 tensors of at most 20
+/// elements, whose chunk of more segments than that no driver tracks.
+fn small_tensors_layout() -> impl Strategy<Value = Vec<(usize, i32)>> {
+    let small = prop_oneof![3 => 0..64usize, 1 => 64..400usize];
+    prop_oneof![
+        prop::collection::vec((small, -100..120i32), 200..2000),
+        prop::collection::vec((0..20usize, -100..120i32), 1400..3000),
+    ]
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, max_shrink_iters: 64, ..ProptestConfig::default() })]
 
     #[test]
     fn tensor_norms_match_float64_and_leave_the_global_norm_alone(
-        tensors in tracked_layout(),
+        tensors in prop_oneof![2 => tracked_layout(), 1 => small_tensors_layout()],
         seed in any::<u64>(),
         // L2 and Inf (tracked in the flat walk), and integer p (not).
         order in prop_oneof![2 => Just(Order::L2), 2 => Just(Order::Inf), 1 => Just(Order::P(1.0)), 1 => Just(Order::P(3.0)), 1 => Just(Order::P(8.0))],

@@ -7,9 +7,9 @@
 use gradclip::records;
 use gradclip::shaders::{
     PassModule, ADAPTIVE, ADAPTIVE_ADAGC, ADAPTIVE_AGC, AGC_DTYPE_OVERRIDE, AGC_WORKGROUP_SIZE,
-    CHUNK_OVERRIDE, FINALIZE, KIND_OVERRIDE, MAX_POWER, MODULES, POWER_OVERRIDE,
-    REDUCE_WORKGROUP_BYTES_PER_INVOCATION, REDUCE_WORKGROUP_FIXED_BYTES, TENSOR_STAT_BLOCK,
-    WORKGROUP_SIZE_OVERRIDE,
+    CHUNK_OVERRIDE, CPU_TEAM, FINALIZE, GPU_TEAM, KIND_OVERRIDE, MAX_POWER, MODULES,
+    POWER_OVERRIDE, REDUCE_WORKGROUP_BYTES_PER_INVOCATION, REDUCE_WORKGROUP_FIXED_BYTES,
+    TEAM_OVERRIDE, TENSOR_STAT_BLOCK, WORKGROUP_SIZE_OVERRIDE,
 };
 
 /// The adaptive methods' modules: no overrides, each with its own layout.
@@ -57,12 +57,18 @@ fn specialised_kind(
     power: u32,
 ) -> (naga::Module, ModuleInfo) {
     let (module, info) = parse(pass);
-    // The host's chunk sizes: 32768 beside GPU workgroups, 131072 beside CPU ones.
-    let chunk = if wg >= 256 { 32768 } else { 131072 };
+    // The host's chunk sizes and teams: 32768 and GPU_TEAM beside GPU
+    // workgroups, 131072 and CPU_TEAM beside CPU ones.
+    let (chunk, team) = if wg >= 256 {
+        (32768, GPU_TEAM)
+    } else {
+        (131072, CPU_TEAM)
+    };
     let mut constants: naga::back::PipelineConstants = [
         (WORKGROUP_SIZE_OVERRIDE.to_string(), wg as f64),
         (KIND_OVERRIDE.to_string(), kind as f64),
         (CHUNK_OVERRIDE.to_string(), chunk as f64),
+        (TEAM_OVERRIDE.to_string(), team as f64),
     ]
     .into_iter()
     .collect();
@@ -116,6 +122,26 @@ fn exactly_the_reduce_modules_declare_the_power_override() {
             "{}",
             pass.name
         );
+    }
+}
+
+#[test]
+fn every_pass_module_takes_the_hosts_sizes_and_team_has_no_default() {
+    // The host passes WG, CHUNK and TEAM to every pipeline of these modules
+    // (naga and WebGPU reject a value for an override a module lacks), and
+    // TEAM has no default in the shader, so no module can run with a team
+    // the host did not pick.
+    for pass in MODULES {
+        let (module, _) = parse(&pass);
+        for name in [WORKGROUP_SIZE_OVERRIDE, CHUNK_OVERRIDE, TEAM_OVERRIDE] {
+            assert!(has_override(&module, name), "{}: {name}", pass.name);
+        }
+        let (_, team) = module
+            .overrides
+            .iter()
+            .find(|(_, o)| o.name.as_deref() == Some(TEAM_OVERRIDE))
+            .unwrap();
+        assert!(team.init.is_none(), "{}: TEAM has a default", pass.name);
     }
 }
 
