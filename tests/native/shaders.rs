@@ -38,13 +38,19 @@ fn specialised(pass: &PassModule, wg: u32, entry: &str) -> (naga::Module, Module
     specialised_kind(pass, wg, entry, 0, 0)
 }
 
-/// Whether the module declares the override `name` (naga rejects values
-/// for overrides a module does not have, as WebGPU does).
-fn has_override(module: &naga::Module, name: &str) -> bool {
+/// The module's override `name`, if it declares one.
+fn override_of<'m>(module: &'m naga::Module, name: &str) -> Option<&'m naga::Override> {
     module
         .overrides
         .iter()
-        .any(|(_, o)| o.name.as_deref() == Some(name))
+        .map(|(_, o)| o)
+        .find(|o| o.name.as_deref() == Some(name))
+}
+
+/// Whether the module declares the override `name` (naga rejects values
+/// for overrides a module does not have, as WebGPU does).
+fn has_override(module: &naga::Module, name: &str) -> bool {
+    override_of(module, name).is_some()
 }
 
 /// `specialised` for reduction `kind` and, in modules that have it, the
@@ -136,11 +142,7 @@ fn every_pass_module_takes_the_hosts_sizes_and_team_has_no_default() {
         for name in [WORKGROUP_SIZE_OVERRIDE, CHUNK_OVERRIDE, TEAM_OVERRIDE] {
             assert!(has_override(&module, name), "{}: {name}", pass.name);
         }
-        let (_, team) = module
-            .overrides
-            .iter()
-            .find(|(_, o)| o.name.as_deref() == Some(TEAM_OVERRIDE))
-            .unwrap();
+        let team = override_of(&module, TEAM_OVERRIDE).unwrap();
         assert!(team.init.is_none(), "{}: TEAM has a default", pass.name);
     }
 }
