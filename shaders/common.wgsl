@@ -86,7 +86,8 @@ struct WindowInfo {
     flat_count: u32,       // flat chunks of all windows
     flat_workgroups: u32,  // grid-stride workgroups over flat chunks (scale, clamp)
     ranges_at: u32,        // word index of the per-tensor partial ranges
-    _pad: vec2<u32>,
+    gaps_at: u32,          // word index of the flat chunks' gaps
+    _pad: u32,
 }
 
 // One clip's parameters. The host records a copy of them into this uniform
@@ -200,6 +201,13 @@ fn all_chunks() -> vec2<u32> {
 
 // The segments of flat chunk c (an absolute index), as [begin, end): from
 // its own third word to the next flat chunk's.
+// The length of the shortest segment of flat chunk c that lies wholly
+// inside it (not its first or last segment), or more than a chunk's where
+// there is none.
+fn chunk_gap(c: u32) -> u32 {
+    return plan[win.gaps_at + c - win.chunk_count];
+}
+
 fn flat_segments(c: u32) -> vec2<u32> {
     var end = win.chunk_count;
     if c + 1u < win.chunk_count + win.flat_count {

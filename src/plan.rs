@@ -520,9 +520,10 @@ impl Plan {
         (self.chunks.len() + self.flat.len()) as u64
     }
 
-    /// Words of the plan table: the chunks, then two words per tensor.
+    /// Words of the plan table: the chunks, two words per tensor, one per
+    /// flat chunk.
     pub fn table_words_len(&self) -> u64 {
-        3 * self.partials_len() + 2 * self.tensor_chunks.len() as u64
+        3 * self.partials_len() + 2 * self.tensor_chunks.len() as u64 + self.flat.len() as u64
     }
 
     /// Word index of the per-tensor partial ranges in the table.
@@ -530,9 +531,31 @@ impl Plan {
         (3 * self.partials_len()) as u32
     }
 
+    /// Word index of the flat chunks' gaps in the table.
+    pub fn gaps_at(&self) -> u32 {
+        self.ranges_at() + 2 * self.tensor_chunks.len() as u32
+    }
+
+    /// Flat chunk k's gap: the length of its shortest segment that lies
+    /// wholly inside it (neither its first nor its last), u32::MAX where it
+    /// has none. The reduce pass sizes the rounds of its tracked walk by it
+    /// (WGSL `tracked_round`).
+    pub fn gap(&self, k: usize) -> u32 {
+        let first = self.flat[k].tensor as usize;
+        let end = self
+            .flat
+            .get(k + 1)
+            .map_or(self.chunks.len(), |c| c.tensor as usize);
+        let inner = self
+            .chunks
+            .get(first + 1..end.saturating_sub(1))
+            .unwrap_or(&[]);
+        inner.iter().map(|c| c.len).min().unwrap_or(u32::MAX)
+    }
+
     /// The plan table the shaders read: per-tensor chunks, flat chunks (three
-    /// words each), then each tensor's range of partials (its per-tensor
-    /// chunks). Never empty: a binding cannot be.
+    /// words each), each tensor's range of partials (its per-tensor
+    /// chunks), then each flat chunk's gap. Never empty: a binding cannot be.
     pub fn table_words(&self) -> Vec<u32> {
         let mut words = Vec::with_capacity(self.table_words_len().max(1) as usize);
         for c in self.chunks.iter().chain(&self.flat) {
@@ -541,6 +564,7 @@ impl Plan {
         for &(begin, end) in &self.tensor_chunks {
             words.extend_from_slice(&[begin, end]);
         }
+        words.extend((0..self.flat.len()).map(|k| self.gap(k)));
         if words.is_empty() {
             words.push(0);
         }
@@ -590,6 +614,21 @@ mod tests {
             chunk_elements(1 << 40, MIN_CHUNK_ELEMENTS),
             MIN_CHUNK_ELEMENTS
         );
+    }
+
+    #[test]
+    fn a_flat_chunks_gap_is_its_shortest_segment_inside_it() {
+        // Flat chunks of 64 elements over tensors of 10, 50, 20, 5, 100
+        // and 30 (an empty one among them makes no segment): [0, 64) holds
+        // 10, 50 and 4 elements, [64, 128) 16, 5 and 43, [128, 192) 57 and
+        // 7, [192, 215) 23.
+        let layout = GradLayout::from_sizes(&[10, 50, 0, 20, 5, 100, 30]).unwrap();
+        let plan = plan(&layout, &packed(&layout), 64, 1 << 20, 16).unwrap();
+        let gaps: Vec<u32> = (0..plan.flat.len()).map(|k| plan.gap(k)).collect();
+        assert_eq!(gaps, [50, 5, u32::MAX, u32::MAX]);
+        let words = plan.table_words();
+        assert_eq!(words.len() as u64, plan.table_words_len());
+        assert_eq!(&words[plan.gaps_at() as usize..], &gaps[..]);
     }
 
     fn packed(layout: &GradLayout) -> Vec<Placement> {

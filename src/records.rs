@@ -51,7 +51,9 @@ pub struct WindowInfo {
     pub flat_workgroups: u32,
     /// Word index of the per-tensor partial ranges in the plan table.
     pub ranges_at: u32,
-    pub _pad: [u32; 2],
+    /// Word index of the flat chunks' gaps in the plan table.
+    pub gaps_at: u32,
+    pub _pad: u32,
 }
 
 /// WGSL `ClipConfig`: one clip's parameters, copied into the set's config
@@ -228,6 +230,7 @@ pub fn layouts() -> Vec<RecordLayout> {
             flat_count,
             flat_workgroups,
             ranges_at,
+            gaps_at,
             _pad
         }),
         record!(ClipConfig {

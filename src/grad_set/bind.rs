@@ -323,11 +323,13 @@ fn record_bytes(bound: &Bound, uniform_stride: u64) -> Vec<u8> {
         flat_count: plan.flat.len() as u32,
         flat_workgroups: bound.flat_workgroups,
         ranges_at: plan.ranges_at(),
-        _pad: [0; 2],
+        gaps_at: plan.gaps_at(),
+        _pad: 0,
     };
     let empty = WindowInfo {
         tensor_count: plan.tensor_chunks.len() as u32,
         ranges_at: plan.ranges_at(),
+        gaps_at: plan.gaps_at(),
         ..WindowInfo::default()
     };
     let infos: Vec<WindowInfo> = if plan.windows.is_empty() {

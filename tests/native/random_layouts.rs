@@ -91,13 +91,21 @@ proptest! {
 /// Layouts whose flat chunks hold up to a few hundred segments: on most
 /// drivers reduce_tensors then folds each segment during the flat walk
 /// (reduce.wgsl, tracks_segments), with segment boundaries at every place
-/// in a team's piece, in its steps and in a quad. Sizes from 0 to 20 000,
-/// mostly a few hundred to a few thousand elements; magnitudes from 2^-100
-/// (sums of squares below the fast path's window) to 2^120 (squares and
-/// powers that overflow), so that every tensor's norm is a normal float.
+/// in a team's piece, in its steps and in a quad. Sizes mostly a few
+/// hundred to a few thousand elements; magnitudes from 2^-100 (sums of
+/// squares below the fast path's window) to 2^120 (squares and powers that
+/// overflow), so that every tensor's norm is a normal float. Mostly no
+/// tensor shorter than a block of the walk (16 elements on CPU adapters),
+/// down to one or two blocks, so that chunks are tracked in rounds of one
+/// step upwards (tracked_round); sometimes tensors from 0 elements, whose
+/// chunks the walk leaves to the per-segment paths.
 fn tracked_layout() -> impl Strategy<Value = Vec<(usize, i32)>> {
-    let size = prop_oneof![1 => 0..100usize, 4 => 100..3000usize, 1 => 3000..20_000usize];
-    prop::collection::vec((size, -100..120i32), 40..400)
+    let blocks = prop_oneof![1 => 16..48usize, 1 => 48..100usize, 4 => 100..3000usize, 1 => 3000..20_000usize];
+    let any = prop_oneof![1 => 0..100usize, 4 => 100..3000usize, 1 => 3000..20_000usize];
+    prop_oneof![
+        3 => prop::collection::vec((blocks, -100..120i32), 40..400),
+        1 => prop::collection::vec((any, -100..120i32), 40..400),
+    ]
 }
 
 /// Hundreds to a couple of thousand tensors of at most a few hundred

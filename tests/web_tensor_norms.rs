@@ -1,0 +1,115 @@
+//! Per-tensor norms in a browser, where the reduce pass runs the GPU shape
+//! (teams of eight lanes, chunks of 32 768 elements) that the native suite's
+//! CPU adapters do not: layouts whose chunks the flat walk tracks in rounds
+//! (reduce.wgsl, tracked_round), with segment ends at every place in a
+//! team's blocks, and one whose short tensors leave chunks untracked. Each
+//! tensor's norm against float64, and the global norm's bits against the
+//! same clip without per-tensor results.
+//!
+//! `cargo test --target wasm32-unknown-unknown --test web_tensor_norms` (see
+//! docs/browser.md). Browser tests live one per binary: a panic aborts the
+//! whole wasm instance.
+#![cfg(target_arch = "wasm32")]
+
+use gradclip::{ClipNorm, ClipReport, GradLayout};
+use wasm_bindgen_test::{console_log, wasm_bindgen_test, wasm_bindgen_test_configure};
+
+wasm_bindgen_test_configure!(run_in_browser);
+
+#[allow(dead_code)]
+mod common {
+    pub mod buffers;
+    pub mod reference;
+    pub mod web;
+}
+
+use common::reference::{self, Order};
+use common::web;
+
+/// A small deterministic generator (xorshift64*), so that a failure repeats.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// `count` tensor sizes: mostly one block (128 elements on GPUs) to a few
+/// thousand, with exact blocks and a block plus or minus one among them;
+/// with `short`, some of 0 to 127 elements too.
+fn sizes(rng: &mut Rng, count: usize, short: bool) -> Vec<usize> {
+    (0..count)
+        .map(|_| match rng.below(if short { 8 } else { 7 }) {
+            0 => [128, 129, 255, 256, 257, 384][rng.below(6) as usize],
+            1..=4 => 128 + rng.below(600) as usize,
+            5 => 600 + rng.below(4000) as usize,
+            6 => 4600 + rng.below(20_000) as usize,
+            _ => rng.below(128) as usize,
+        })
+        .collect()
+}
+
+/// Each tensor's elements at its own scale, 2^-60 to 2^60, signs mixed.
+fn fill(rng: &mut Rng, sizes: &[usize]) -> Vec<f32> {
+    let mut data = Vec::with_capacity(sizes.iter().sum());
+    for &n in sizes {
+        let scale = 2f32.powi(rng.below(121) as i32 - 60);
+        data.extend((0..n).map(|_| {
+            let unit = (rng.below(1 << 24) as f32 / (1 << 24) as f32) * 2.0 - 1.0;
+            unit * scale
+        }));
+    }
+    data
+}
+
+async fn report(gpu: &web::Gpu, set: &gradclip::GradSet, clip: &ClipNorm) -> ClipReport {
+    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+    set.clip_norm(&mut encoder, clip).expect("clip_norm");
+    gpu.queue.submit([encoder.finish()]);
+    set.read_report().await.expect("report")
+}
+
+#[wasm_bindgen_test]
+async fn tensor_norms_of_tracked_and_untracked_chunks_match_float64() {
+    let gpu = web::gpu().await;
+    console_log!("adapter: {:?}", gpu.info);
+    let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let clipper = gradclip::Clipper::new(&gpu.device, &gpu.queue).expect("Clipper::new");
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for (layout, short) in [(0, false), (1, false), (2, true)] {
+        let sizes = sizes(&mut rng, 700, short);
+        let data = fill(&mut rng, &sizes);
+        let buffer = web::upload(&gpu.device, &data);
+        let set = clipper
+            .bind(&buffer, &GradLayout::from_sizes(&sizes).unwrap())
+            .expect("bind");
+        for order in [Order::L2, Order::Inf] {
+            let what = format!("layout {layout} ({} elements), {order:?}", data.len());
+            // A threshold far above the norm: no step changes the data.
+            let clip = ClipNorm::new(f32::MAX).norm(order.to_norm());
+            let plain = report(&gpu, &set, &clip).await;
+            let logged = report(&gpu, &set, &clip.tensor_norms(true)).await;
+            assert_eq!(
+                plain.total_norm.to_bits(),
+                logged.total_norm.to_bits(),
+                "{what}: tensor_norms moved the global norm"
+            );
+            reference::assert_tensor_norms(&logged.tensor_norms, &data, &sizes, order, 1e-5, &what);
+            console_log!(
+                "{what}: {} tensor norms within 1e-5 of float64",
+                sizes.len()
+            );
+        }
+    }
+    if let Some(e) = scope.pop().await {
+        panic!("WebGPU validation error: {e}");
+    }
+}
