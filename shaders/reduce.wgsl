@@ -503,9 +503,9 @@ fn workgroup_fold(start: u32, len: u32, t: u32, kind: u32) {
 // the flat walk: each lane keeps the plain sum of squares or powers (or
 // the largest bits) of the segment its quads are in and, having left it,
 // stores it in the segment's slot for that lane and team. A segment's
-// slots are then folded team by team and lane by lane, then the steps
-// that held its ends (add_crossing), its elements in the chunk's edge
-// quads last: a fixed order, so the result is deterministic. It is kept where l2_quads or p_int_quads would keep a
+// slots are then folded team by team and lane by lane, its elements in
+// the chunk's edge quads last: a fixed order, so the result is
+// deterministic. It is kept where l2_quads or p_int_quads would keep a
 // plain sum (the same window, for the same reason); zero sums, sums out of
 // the window and non-finite elements go to the element-wise and
 // per-segment paths below. The flat walk itself adds the same quads to the
@@ -648,9 +648,10 @@ fn seg_finish(tr: ptr<function, SegTrack>) {
 // for every lane. A step's sum of terms (or largest bits) goes to the
 // lane's current segment when the step ends at or before the segment's
 // end, to the next segment when it starts at or after it, and to neither
-// when the end falls inside it: tracked_partial adds those steps'
-// elements (add_crossing). At a round's end a lane that has passed its
-// segment's end stores the segment and moves on. A walk that stopped each
+// when the end falls inside it. At a round's end a lane that has passed
+// its segment's end splits that crossing step between the two element by
+// element (its quads read again, from cache), stores the segment and
+// moves on. A walk that stopped each
 // lane at its own segment's end kept the lanes of a CPU driver's SIMD
 // group waiting for the one whose end was furthest (10^4 tensors of 10^3
 // elements on lavapipe: the tracked walk took 45% longer than the plain
@@ -672,14 +673,43 @@ fn tracked_round(c: u32) -> u32 {
     return min(chunk_gap(c), CHUNK) / block_elements();
 }
 
+// No crossing step in a round.
+const NO_STEP: u32 = 0xffffffffu;
+
+// Whether a step of quads q + k * st ends at or before element e, starts
+// at or after it, or neither (e falls inside it).
+fn step_ends_by(q: u32, st: u32, e: u32) -> bool {
+    return 4u * (q + (LANES - 1u) * st) + 4u <= e;
+}
+
+// Adds the elements of the step of quads q + k * st that lie before
+// (`before`) or at and after the current segment's end e to the current
+// segment.
+fn seg_add_step(tr: ptr<function, SegTrack>, q: u32, st: u32, e: u32, before: bool) {
+    let lane = vec4(0u, 1u, 2u, 3u);
+    for (var k = 0u; k < LANES; k++) {
+        let at = q + k * st;
+        seg_add(tr, load_quad(at), (vec4(4u * at) + lane < vec4(e)) == vec4(before));
+    }
+}
+
 // Ends a round of the tracked walk at quad q: a lane past its segment's
-// end stores it and goes on with the next segment, which holds `next`
-// (the sum or largest bits of the round's steps after the end).
-fn seg_round_end(tr: ptr<function, SegTrack>, q: u32, next_sum: f32, next_top: vec4<u32>) {
-    if (*tr).s <= (*tr).last && (*tr).hi <= 4u * q {
+// end splits the round's crossing step (main-loop step at quad `cross`,
+// or NO_STEP) between it and the next segment, stores it and goes on
+// with the next, which holds `next` (the sum or largest bits of the
+// round's steps after the end).
+fn seg_round_end(tr: ptr<function, SegTrack>, q: u32, st: u32, cross: u32, next_sum: f32, next_top: vec4<u32>) {
+    let e = (*tr).hi;
+    if (*tr).s <= (*tr).last && e <= 4u * q {
+        if cross != NO_STEP {
+            seg_add_step(tr, cross, st, e, true);
+        }
         seg_flush(tr);
         (*tr).sum = next_sum;
         (*tr).top = next_top;
+        if cross != NO_STEP {
+            seg_add_step(tr, cross, st, e, false);
+        }
     }
 }
 
@@ -698,6 +728,7 @@ fn plain_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> 
         let hi = (*tr).hi;
         var cur = (*tr).sum;
         var next = 0.0;
+        var cross = NO_STEP;
         let stop = min(q + round * LANES * st, main_end);
         for (; q < stop; q += LANES * st) {
             let z0 = plain_value(load_quad(q));
@@ -709,11 +740,14 @@ fn plain_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> 
             s2 = fma(term_base(z2), z2, s2);
             s3 = fma(term_base(z3), z3, s3);
             let g = (seg_term(z0) + seg_term(z1)) + (seg_term(z2) + seg_term(z3));
-            cur += select(0.0, g, 4u * (q + (LANES - 1u) * st) + 4u <= hi);
-            next += select(0.0, g, 4u * q >= hi);
+            let before = step_ends_by(q, st, hi);
+            let after = 4u * q >= hi;
+            cur += select(0.0, g, before);
+            next += select(0.0, g, after);
+            cross = select(cross, q, !before && !after);
         }
         (*tr).sum = cur;
-        seg_round_end(tr, q, next, vec4(0u));
+        seg_round_end(tr, q, st, cross, next, vec4(0u));
         if q >= main_end {
             break;
         }
@@ -740,6 +774,7 @@ fn inf_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> Pa
         let hi = (*tr).hi;
         var cur = (*tr).top;
         var next = vec4(0u);
+        var cross = NO_STEP;
         let stop = min(q + round * LANES * st, main_end);
         for (; q < stop; q += LANES * st) {
             let a0 = load_quad(q) & vec4(ABS_MASK);
@@ -748,11 +783,14 @@ fn inf_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> Pa
             let a3 = load_quad(q + 3u * st) & vec4(ABS_MASK);
             let step = max(max(a0, a1), max(a2, a3));
             m = max(m, step);
-            cur = max(cur, select(vec4(0u), step, 4u * (q + (LANES - 1u) * st) + 4u <= hi));
-            next = max(next, select(vec4(0u), step, 4u * q >= hi));
+            let before = step_ends_by(q, st, hi);
+            let after = 4u * q >= hi;
+            cur = max(cur, select(vec4(0u), step, before));
+            next = max(next, select(vec4(0u), step, after));
+            cross = select(cross, q, !before && !after);
         }
         (*tr).top = cur;
-        seg_round_end(tr, q, 0.0, next);
+        seg_round_end(tr, q, st, cross, 0.0, next);
         if q >= main_end {
             break;
         }
@@ -764,33 +802,6 @@ fn inf_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> Pa
     }
     seg_finish(tr);
     return inf_accept(r, sh, max4(m));
-}
-
-// Adds to sum and top the elements of segment run sr in the main-loop
-// steps of the tracked walk over flat chunk r that segment end b (an
-// element index) falls inside, which the walk gave to neither segment:
-// the steps of the block holding b whose first element lies before b and
-// last after it.
-fn add_crossing(r: Run, sr: Run, b: u32, sum: ptr<function, f32>, top: ptr<function, u32>) {
-    let bq = b / 4u;
-    if bq < r.inner.x || bq >= r.inner.y {
-        return;
-    }
-    let quads = r.inner.y - r.inner.x;
-    let rel = bq - r.inner.x;
-    let piece = team_piece(quads, rel / piece_quads(quads));
-    let block = r.inner.x + piece.x + (rel - piece.x) / (LANES * TEAM) * (LANES * TEAM);
-    for (var l = 0u; l < TEAM; l++) {
-        let q = block + l;
-        let last = q + (LANES - 1u) * TEAM;
-        if last < r.inner.x + piece.y && 4u * q < b && b < 4u * last + 4u {
-            for (var k = 0u; k < LANES; k++) {
-                let a = quad_in(q + k * TEAM, sr) & vec4(ABS_MASK);
-                *sum += plain_sum(plain_term(bitcast<vec4<f32>>(a)));
-                *top = max(*top, max4(a));
-            }
-        }
-    }
 }
 
 // Segment s's partial from the slots of flat chunk run r and its elements
@@ -818,8 +829,6 @@ fn tracked_partial(r: Run, segs: vec2<u32>, s: u32) -> Tracked {
         }
     }
     let sr = run_of(sg.start, sg.len);
-    add_crossing(r, sr, sg.start, &sum, &top);
-    add_crossing(r, sr, sg.start + sg.len, &sum, &top);
     for (var k = 0u; k < 2u; k++) {
         let e = edge(r, k);
         if e.has {

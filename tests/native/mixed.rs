@@ -258,6 +258,50 @@ fn norms_of_random_16_bit_data_match_float64() {
     }
 }
 
+/// Hundreds of tensors of 16 to 600 elements, even counts so that no
+/// padding parts them: flat chunks of several segments each, which the
+/// reduce pass folds during its flat walk (reduce.wgsl, tracked_round) on
+/// every 16-bit load path. Each tensor's L2 and Inf norm against float64,
+/// and the global norm's bits with and without them.
+#[test]
+fn per_tensor_norms_of_hundreds_of_16_bit_tensors_match_float64() {
+    let mut rng = Rng(0x7e57_ab1e);
+    let sizes: Vec<usize> = (0..400)
+        .map(|_| 2 * (8 + (rng.next() % 293) as usize))
+        .collect();
+    let total = sizes.iter().sum();
+    for ty in [Half::F16, Half::Bf16] {
+        // Magnitudes below 2, down to subnormal.
+        let bits: Vec<u16> = finite_bits(ty, total, 0xc0ffee + ty as u64)
+            .into_iter()
+            .map(|b| b & 0xbfff)
+            .collect();
+        let values = decoded(ty, &bits);
+        for (name, clipper) in clippers() {
+            for order in [Order::L2, Order::Inf] {
+                let clip = ClipNorm::new(f32::MAX).norm(order.to_norm());
+                let (plain, _, _) = run(&clipper, ty, &sizes, &bits, &clip, None);
+                let logged = clip.tensor_norms(true);
+                let (logged, _, _) = run(&clipper, ty, &sizes, &bits, &logged, None);
+                let what = format!("{ty:?} {name} {order:?}");
+                assert_eq!(
+                    plain.total_norm.to_bits(),
+                    logged.total_norm.to_bits(),
+                    "{what}: tensor_norms moved the global norm"
+                );
+                reference::assert_tensor_norms(
+                    &logged.tensor_norms,
+                    &values,
+                    &sizes,
+                    order,
+                    1e-5,
+                    &what,
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn subnormal_only_data_keeps_its_norm() {
     // Only subnormals: a path that flushed them would report 0.
