@@ -528,10 +528,12 @@ fn workgroup_fold(start: u32, len: u32, t: u32, kind: u32) {
 const SLOT_WORDS: u32 = 1536u;
 var<workgroup> seg_slots: array<u32, SLOT_WORDS>;
 
-// Whether this device's reduce_tensors pipelines fold segments in the
-// flat walk at all, injected by the host (shaders::TRACK_OVERRIDE). Off on
-// SwiftShader, whose Subzero JIT ran the tracked walk slower than two
-// walks (10^4 tensors of 10^3 elements: reduce_tensors 32 ms against 25).
+// Whether this reduce_tensors pipeline folds segments in the flat walk at
+// all, injected by the host (shaders::TRACK_OVERRIDE): off for sets whose
+// chunks each hold one segment. (It was off on SwiftShader, whose Subzero
+// JIT ran the walk that stopped each lane at its own segment end slower
+// than two walks: 10^4 tensors of 10^3 elements, reduce_tensors 32 ms
+// against 25. The walk in rounds is faster there too.)
 override TRACK: bool = true;
 
 // Whether reduce_tensors folds the segments [segs.x, segs.y) of a chunk

@@ -72,8 +72,6 @@ pub(crate) struct Inner {
     /// Invocations that read each piece of a run in turns (the `TEAM`
     /// override: [`shaders::GPU_TEAM`] or [`shaders::CPU_TEAM`]).
     team: u32,
-    /// The reduce pipelines' `TRACK` override ([`tracks_segments`]).
-    track_segments: bool,
     /// Tensors each invocation of the per-tensor statistics pass takes
     /// at least, where a set has that many.
     pub tensors_per_invocation: u32,
@@ -135,23 +133,6 @@ fn workgroup_size(limits: &wgpu::Limits, device_type: wgpu::DeviceType) -> Resul
     let size = 1u32 << (31 - cap.min(by_memory).max(1).leading_zeros());
     check_limit("max workgroup size", size as u64, MIN_WORKGROUP_SIZE as u64)?;
     Ok(size)
-}
-
-/// Whether the reduce pass takes per-tensor results from its flat walk
-/// (shaders::TRACK_OVERRIDE): everywhere but on SwiftShader, where the
-/// tracked walk measured slower than walking each segment again
-/// (docs/bench-cpu-drivers.md). In the browser the adapter is not known,
-/// and it is on.
-fn tracks_segments(device: &wgpu::Device) -> bool {
-    #[cfg(target_arch = "wasm32")]
-    {
-        let _ = device;
-        true
-    }
-    #[cfg(not(target_arch = "wasm32"))]
-    {
-        !device.adapter_info().name.contains("SwiftShader")
-    }
 }
 
 /// The device's adapter type. The browser's WebGPU may not expose the
@@ -320,7 +301,6 @@ impl Clipper {
                 workgroup_size,
                 chunk_elements,
                 team,
-                track_segments: tracks_segments(device),
                 tensors_per_invocation,
             }),
         })
@@ -454,7 +434,7 @@ impl Inner {
         shared_chunks: bool,
     ) -> Result<&'a wgpu::ComputePipeline> {
         let module = (&shaders::element_modules(elem.path).0, &elem.reduce_module);
-        let track = per_tensor && self.track_segments && shared_chunks;
+        let track = per_tensor && shared_chunks;
         let (index, entry) = match (per_tensor, track) {
             (false, _) => (0, "reduce"),
             (true, true) => (1, "reduce_tensors"),

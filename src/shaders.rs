@@ -290,8 +290,8 @@ pub const KIND_OVERRIDE: &str = "KIND";
 pub const POWER_OVERRIDE: &str = "POWER";
 /// Name of the reduce pass's pipeline-overridable constant that lets
 /// `reduce_tensors` take per-tensor results from the flat walk's own loads
-/// where a chunk's segments fit its slots (off where that measured slower
-/// than walking each segment again: SwiftShader).
+/// where a chunk's segments fit its slots (off for sets whose chunks hold
+/// no tensor boundary, which have no use for the tracked walk's code).
 pub const TRACK_OVERRIDE: &str = "TRACK";
 /// Name of the pipeline-overridable constant that sets how many
 /// neighbouring invocations read each contiguous piece of a run in turns
