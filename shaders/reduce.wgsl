@@ -653,12 +653,12 @@ fn seg_finish(tr: ptr<function, SegTrack>) {
 // when the end falls inside it. At a round's end a lane that has passed
 // its segment's end splits that crossing step between the two element by
 // element (its quads read again, from cache), stores the segment and
-// moves on. A walk that stopped each
-// lane at its own segment's end kept the lanes of a CPU driver's SIMD
-// group waiting for the one whose end was furthest (10^4 tensors of 10^3
-// elements on lavapipe: the tracked walk took 45% longer than the plain
-// one). A round spans at most one segment end per lane where no segment
-// inside the chunk is shorter than the round (tracked_round).
+// moves on. A walk that stopped each lane at its own segment's end kept
+// the lanes of a CPU driver's SIMD group waiting for the one whose end was
+// furthest (10^4 tensors of 10^3 elements on lavapipe: the tracked walk
+// took 45% longer than the plain one). A round spans at most one segment
+// end per lane where no segment inside the chunk is shorter than the
+// round (tracked_round).
 
 // Elements of a block: the quads all lanes of a team take in one main-loop
 // step.
@@ -678,15 +678,15 @@ fn tracked_round(c: u32) -> u32 {
 // No crossing step in a round.
 const NO_STEP: u32 = 0xffffffffu;
 
-// Whether a step of quads q + k * st ends at or before element e, starts
-// at or after it, or neither (e falls inside it).
+// Whether the main-loop step of quads q + k * st ends at or before
+// element e.
 fn step_ends_by(q: u32, st: u32, e: u32) -> bool {
     return 4u * (q + (LANES - 1u) * st) + 4u <= e;
 }
 
-// Adds the elements of the step of quads q + k * st that lie before
-// (`before`) or at and after the current segment's end e to the current
-// segment.
+// Adds to the current segment the elements of the main-loop step of quads
+// q + k * st that lie before element e (with `before`) or at and after it
+// (without).
 fn seg_add_step(tr: ptr<function, SegTrack>, q: u32, st: u32, e: u32, before: bool) {
     let lane = vec4(0u, 1u, 2u, 3u);
     for (var k = 0u; k < LANES; k++) {
