@@ -199,15 +199,15 @@ fn all_chunks() -> vec2<u32> {
     return vec2(win.chunk_count, win.chunk_count + win.flat_count);
 }
 
-// The segments of flat chunk c (an absolute index), as [begin, end): from
-// its own third word to the next flat chunk's.
-// The length of the shortest segment of flat chunk c that lies wholly
-// inside it (not its first or last segment), or more than a chunk's where
-// there is none.
+// The length of the shortest segment of flat chunk c (an absolute index)
+// that lies wholly inside it (not its first or last segment), u32 max
+// where there is none: plan::Plan::gap.
 fn chunk_gap(c: u32) -> u32 {
     return plan[win.gaps_at + c - win.chunk_count];
 }
 
+// The segments of flat chunk c (an absolute index), as [begin, end): from
+// its own third word to the next flat chunk's.
 fn flat_segments(c: u32) -> vec2<u32> {
     var end = win.chunk_count;
     if c + 1u < win.chunk_count + win.flat_count {
