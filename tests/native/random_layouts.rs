@@ -72,8 +72,13 @@ proptest! {
         let report = report.unwrap();
 
         let want_f32 = if want > f32::MAX as f64 { f64::INFINITY } else { want };
+        // A subnormal norm (a few tiny elements) has fewer significant bits
+        // than the tolerance, and a flushing driver may return 0, as the
+        // per-tensor norms below allow.
+        let subnormal = want_f32 < f32::MIN_POSITIVE as f64
+            && (report.total_norm as f64 - want_f32).abs() <= f32::MIN_POSITIVE as f64;
         prop_assert!(
-            rel_diff(report.total_norm as f64, want_f32) <= 1e-5,
+            rel_diff(report.total_norm as f64, want_f32) <= 1e-5 || subnormal,
             "{} tensors, {:?}: norm {:e}, want {:e}", sizes.len(), order, report.total_norm, want
         );
         let expect = if tensorflow {
