@@ -441,6 +441,55 @@ fn scattered_set_larger_than_the_binding_limit() {
 }
 
 #[test]
+fn per_tensor_norms_over_many_windows_match_float64() {
+    // A device that binds at most 64 KiB: 300 adjacent tensors of 200 to
+    // 299 elements, then 1500 of 16 to 31, span several windows, whose
+    // flat chunks hold many segments each, which the reduce pass folds
+    // during its flat walk in rounds sized from each chunk's gap word
+    // (long rounds in the first windows, one-step rounds in the last: a
+    // gap read from the wrong chunk would give a round two segment ends).
+    let (device, queue, clipper) = common::device_with_binding_limit(64 << 10);
+    let sizes: Vec<usize> = (0..1800)
+        .map(|i| {
+            if i < 300 {
+                200 + (i * 7919) % 100
+            } else {
+                16 + (i * 7919) % 16
+            }
+        })
+        .collect();
+    let data = values(sizes.iter().sum(), 11);
+    let buffer = upload(&device, &data);
+    let set = clipper
+        .bind(&buffer, &GradLayout::from_sizes(&sizes).unwrap())
+        .unwrap();
+    for order in [Order::L2, Order::Inf] {
+        let clip = ClipNorm::new(f32::MAX).norm(order.to_norm());
+        let mut reports = Vec::new();
+        for clip in [clip, clip.tensor_norms(true)] {
+            let mut encoder = device.create_command_encoder(&Default::default());
+            set.clip_norm(&mut encoder, &clip).unwrap();
+            queue.submit([encoder.finish()]);
+            reports.push(pollster::block_on(set.read_report()).unwrap());
+        }
+        assert!(set.window_count() >= 5, "{} windows", set.window_count());
+        let what = format!("{order:?} over {} windows", set.window_count());
+        assert_eq!(
+            reports[0].total_norm.to_bits(),
+            reports[1].total_norm.to_bits(),
+            "{what}: tensor_norms moved the global norm"
+        );
+        let want = reference::norm(&data, order);
+        assert!(
+            rel_diff(reports[1].total_norm as f64, want) <= 1e-5,
+            "{what}"
+        );
+        reference::assert_tensor_norms(&reports[1].tensor_norms, &data, &sizes, order, 1e-5, &what);
+    }
+    assert_no_wgpu_errors();
+}
+
+#[test]
 fn bad_ranges_are_errors() {
     let g = gpu();
     let buffer = upload(&g.device, &values(1000, 10));
