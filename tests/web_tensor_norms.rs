@@ -18,28 +18,19 @@ wasm_bindgen_test_configure!(run_in_browser);
 
 #[allow(dead_code)]
 mod common {
+    pub mod adaptive_reference;
     pub mod buffers;
     pub mod reference;
     pub mod web;
 }
 
+use common::adaptive_reference::Rng;
 use common::reference::{self, Order};
 use common::web;
 
-/// A small deterministic generator (xorshift64*), so that a failure repeats.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
+/// A draw from the tests' shared generator in [0, n).
+fn below(rng: &mut Rng, n: u64) -> u64 {
+    rng.next_u64() % n
 }
 
 /// `count` tensor sizes: mostly one block (128 elements on GPUs) to a few
@@ -47,12 +38,12 @@ impl Rng {
 /// with `short`, some of 0 to 127 elements too.
 fn sizes(rng: &mut Rng, count: usize, short: bool) -> Vec<usize> {
     (0..count)
-        .map(|_| match rng.below(if short { 8 } else { 7 }) {
-            0 => [128, 129, 255, 256, 257, 384][rng.below(6) as usize],
-            1..=4 => 128 + rng.below(600) as usize,
-            5 => 600 + rng.below(4000) as usize,
-            6 => 4600 + rng.below(20_000) as usize,
-            _ => rng.below(128) as usize,
+        .map(|_| match below(rng, if short { 8 } else { 7 }) {
+            0 => [128, 129, 255, 256, 257, 384][below(rng, 6) as usize],
+            1..=4 => 128 + below(rng, 600) as usize,
+            5 => 600 + below(rng, 4000) as usize,
+            6 => 4600 + below(rng, 20_000) as usize,
+            _ => below(rng, 128) as usize,
         })
         .collect()
 }
@@ -61,9 +52,9 @@ fn sizes(rng: &mut Rng, count: usize, short: bool) -> Vec<usize> {
 fn fill(rng: &mut Rng, sizes: &[usize]) -> Vec<f32> {
     let mut data = Vec::with_capacity(sizes.iter().sum());
     for &n in sizes {
-        let scale = 2f32.powi(rng.below(121) as i32 - 60);
+        let scale = 2f32.powi(below(rng, 121) as i32 - 60);
         data.extend((0..n).map(|_| {
-            let unit = (rng.below(1 << 24) as f32 / (1 << 24) as f32) * 2.0 - 1.0;
+            let unit = rng.uniform() as f32 * 2.0 - 1.0;
             unit * scale
         }));
     }
@@ -83,7 +74,7 @@ async fn tensor_norms_of_tracked_and_untracked_chunks_match_float64() {
     console_log!("adapter: {:?}", gpu.info);
     let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
     let clipper = gradclip::Clipper::new(&gpu.device, &gpu.queue).expect("Clipper::new");
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
     for (layout, short) in [(0, false), (1, false), (2, true)] {
         let sizes = sizes(&mut rng, 700, short);
         let data = fill(&mut rng, &sizes);
