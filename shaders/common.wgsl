@@ -74,7 +74,9 @@ struct Partial {
 // chunk) at [0, chunk_count), and flat chunks, which run across tensor
 // boundaries, at [chunk_count, chunk_count + flat_count), whose third word is
 // the index of their first segment; then, from word ranges_at, each tensor's
-// [begin, end) range of segments. Partials are indexed like the chunks.
+// [begin, end) range of segments; from gaps_at, each flat chunk's gap; then
+// the split list where the reduce pass fuses some tensors (split_tensor).
+// Partials are indexed like the chunks.
 struct WindowInfo {
     chunk_begin: u32,      // this window's segments
     chunk_end: u32,
@@ -87,7 +89,7 @@ struct WindowInfo {
     flat_workgroups: u32,  // grid-stride workgroups over flat chunks (scale, clamp)
     ranges_at: u32,        // word index of the per-tensor partial ranges
     gaps_at: u32,          // word index of the flat chunks' gaps
-    _pad: u32,
+    split_count: u32,      // tensors of tensor_stats (split_tensor)
 }
 
 // One clip's parameters. The host records a copy of them into this uniform
@@ -123,11 +125,17 @@ struct ScalerConfig {
     _pad: u32,
 }
 
-// The plan table: chunks (three words each) and per-tensor partial ranges
-// (two words each), written once at bind.
+// The plan table (WindowInfo says what it holds), written once at bind.
 @group(0) @binding(1) var<storage, read> plan: array<u32>;
-@group(0) @binding(2) var<storage, read_write> partials: array<Partial>;
-// A tensor's norm and coefficient (written by finalize when asked for).
+// The partials, each Partial's words as one vec4 (load_partial,
+// store_partial), as stats.tensors holds each TensorStat: Mesa 22's
+// lavapipe splits a struct's store into one per member, and CPU drivers
+// scatter every one of them lane by lane (200 000 one-element tensors,
+// every tensor's results from the reduce pass: reduce_tensors 2.2 ms with
+// struct arrays, 1.8 with vec4s).
+@group(0) @binding(2) var<storage, read_write> partials: array<vec4<u32>>;
+// A tensor's norm and coefficient (written when per-tensor results are
+// asked for: by the reduce pass, or tensor_stats).
 struct TensorStat {
     norm: f32,
     coef_mant: f32,
@@ -144,15 +152,33 @@ struct Stats {
     scaler: ScalerConfig,
     tensors_step: u32,  // low 32 bits of the step whose results `tensors` holds
     // cfg.step of the latest clip in which a tensor's factor was not 1
-    // (tensor_stats sets it, finalize compares it with its own step)
+    // (the reduce pass and tensor_stats set it, finalize compares it with its own step)
     tensors_clipped: atomic<u32>,
     log: array<LogEntry, LOG_LEN>,
-    tensors: array<TensorStat>,
+    tensors: array<vec4<u32>>,  // TensorStat words (tensor_stat, set_tensor_stat)
 }
 
 @group(0) @binding(3) var<storage, read_write> stats: Stats;
 @group(0) @binding(4) var<uniform> win: WindowInfo;
 @group(0) @binding(5) var<uniform> cfg: ClipConfig;
+
+fn load_partial(i: u32) -> Partial {
+    let w = partials[i];
+    return Partial(bitcast<vec3<f32>>(w.xyz), w.w);
+}
+
+fn store_partial(i: u32, q: Partial) {
+    partials[i] = vec4(bitcast<vec3<u32>>(q.v), q.flags);
+}
+
+fn tensor_stat(i: u32) -> TensorStat {
+    let w = stats.tensors[i];
+    return TensorStat(bitcast<f32>(w.x), bitcast<f32>(w.y), bitcast<i32>(w.z), w.w);
+}
+
+fn set_tensor_stat(i: u32, st: TensorStat) {
+    stats.tensors[i] = vec4(bitcast<u32>(st.norm), bitcast<u32>(st.coef_mant), bitcast<u32>(st.coef_exp), st._pad);
+}
 
 fn chunk_at(c: u32) -> Chunk {
     let i = 3u * c;
@@ -204,6 +230,17 @@ fn all_chunks() -> vec2<u32> {
 // where there is none: plan::Plan::gap.
 fn chunk_gap(c: u32) -> u32 {
     return plan[win.gaps_at + c - win.chunk_count];
+}
+
+// Entry k of the split list: a tensor whose norm and factor tensor_stats
+// folds from its segments' partials, any but a fused one (the reduce pass
+// gives those theirs: reduce.wgsl's FUSE). Where none is fused the table
+// holds no list, and entry k is tensor k: plan::Plan::split_tensors.
+fn split_tensor(k: u32) -> u32 {
+    if win.split_count == win.tensor_count {
+        return k;
+    }
+    return plan[win.gaps_at + win.flat_count + k];
 }
 
 // The segments of flat chunk c (an absolute index), as [begin, end): from

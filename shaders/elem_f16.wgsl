@@ -11,6 +11,10 @@ enable f16;
 
 @group(0) @binding(0) var<storage, read_write> grads: array<f16>;
 
+fn load_element(i: u32) -> u32 {
+    return bitcast<u32>(f32(grads[i]));
+}
+
 fn load_quad(q: u32) -> vec4<u32> {
     let i = 4u * q;
     return bitcast<vec4<u32>>(vec4(f32(grads[i]), f32(grads[i + 1u]), f32(grads[i + 2u]), f32(grads[i + 3u])));

@@ -10,6 +10,9 @@
 //   load_quad(q)           the f32 bits of its four elements, decoded exactly;
 //                          elements past the binding's end read as anything
 //                          (the passes ignore elements outside their run);
+//   load_element(i)        the f32 bits of window element i alone, as
+//                          load_quad gives them (one load where a tiny
+//                          tensor needs one element, not four);
 //   store_quad(q, v)       writes all four, in the element type;
 //   store_element(q, k, x) writes element k alone. Other invocations may be
 //                          writing the quad's other elements at the same time
@@ -19,6 +22,10 @@
 // The reduce and scale passes are written once against these.
 
 @group(0) @binding(0) var<storage, read_write> grads: array<vec4<f32>>;
+
+fn load_element(i: u32) -> u32 {
+    return bitcast<u32>(grads[i >> 2u][i & 3u]);
+}
 
 fn load_quad(q: u32) -> vec4<u32> {
     return bitcast<vec4<u32>>(grads[q]);

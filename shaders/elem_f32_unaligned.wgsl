@@ -6,6 +6,10 @@
 
 @group(0) @binding(0) var<storage, read_write> grads: array<f32>;
 
+fn load_element(i: u32) -> u32 {
+    return bitcast<u32>(grads[i]);
+}
+
 fn load_quad(q: u32) -> vec4<u32> {
     let i = 4u * q;
     return bitcast<vec4<u32>>(vec4(grads[i], grads[i + 1u], grads[i + 2u], grads[i + 3u]));

@@ -10,6 +10,10 @@
 
 @group(0) @binding(0) var<storage, read_write> grads: array<u32>;
 
+fn load_element(i: u32) -> u32 {
+    return decode16((grads[i >> 1u] >> (16u * (i & 1u))) & 0xffffu);
+}
+
 fn load_quad(q: u32) -> vec4<u32> {
     let w0 = grads[2u * q];
     let w1 = grads[2u * q + 1u];

@@ -53,7 +53,7 @@ fn merge(kind: u32, a: vec3<f32>, b: vec3<f32>) -> vec3<f32> {
 fn fold_range(kind: u32, begin: u32, end: u32) -> Partial {
     var acc = Partial(vec3<f32>(0.0), 0u);
     for (var c = begin; c < end; c++) {
-        let q = partials[c];
+        let q = load_partial(c);
         acc = Partial(merge(kind, acc.v, q.v), acc.flags | q.flags);
     }
     return acc;

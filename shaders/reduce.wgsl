@@ -806,15 +806,14 @@ fn inf_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> Pa
     return inf_accept(r, sh, max4(m));
 }
 
-// Segment s's partial from the slots of flat chunk run r and its elements
-// in r's edge quads, when it is one the fast paths would keep.
+// Segment s (sg) of flat chunk run r: its partial from the slots and its
+// elements in r's edge quads, when it is one the fast paths would keep.
 struct Tracked {
     p: Partial,
     ok: bool,
 }
 
-fn tracked_partial(r: Run, segs: vec2<u32>, s: u32) -> Tracked {
-    let sg = chunk_at(s);
+fn tracked_partial(r: Run, segs: vec2<u32>, sg: Chunk, s: u32) -> Tracked {
     var sum = 0.0;
     var top = 0u;
     let qlo = max(sg.start / 4u, r.inner.x);
@@ -863,7 +862,7 @@ fn tiny_partial(sg: Chunk) -> Tracked {
     var sum = 0.0;
     var top = 0u;
     for (var i = sg.start; i < sg.start + sg.len; i++) {
-        let a = load_quad(i >> 2u)[i & 3u] & ABS_MASK;
+        let a = load_element(i) & ABS_MASK;
         let y = bitcast<f32>(a);
         sum = fma(term_base(vec4(y)).x, y, sum);
         top = max(top, a);
@@ -910,19 +909,78 @@ var<workgroup> mid_count: atomic<u32>;
 var<workgroup> mid_n: u32;
 var<workgroup> mid_list: array<u32, MID_MAX>;
 
-// The partials of flat chunk c's segments (c's own when it is one segment).
-// A segment's partial depends only on the segment: one invocation folds a
-// short one, the workgroup a long one. The workgroup loops over the long
-// ones only: a loop over every segment with a barrier in it costs a
-// barrier's worth per segment on CPU drivers (thousands of tiny tensors).
+// Whether the reduce pass gives the tensors that are one tiny segment
+// (fewer than tiny_run() elements) of a flat chunk of several segments
+// their norms and factors itself, where it folds that segment, instead of
+// storing its partial for tensor_stats: plan::Plan::fused, which leaves
+// those tensors out of the split list. The host sets it for a set that
+// has such tensors. Off, the pipeline has none of that code: CPU drivers
+// run a branch no lane takes under a lane mask, once per workgroup at
+// least. Fusing every whole tensor (a first version) made 10 000 tensors
+// of 1 000 elements 0.45 ms slower on lavapipe (10^7 elements, L2,
+// no-clip) for the ~0.1 ms of tensor_stats it saved; tiny tensors come
+// many to a workgroup, and their statistics cost what their fold costs.
+override FUSE: bool = false;
+
+// Whether the first and the last of a flat chunk's segments segs are whole
+// tensors: a tensor of more than one segment continues into the chunk
+// before or after. Every segment between them is a whole tensor.
+fn whole_ends(segs: vec2<u32>) -> vec2<bool> {
+    let first = tensor_partials(plan[3u * segs.x + 2u]);
+    let last = tensor_partials(plan[3u * (segs.y - 1u) + 2u]);
+    return vec2(first.y - first.x == 1u, last.y - last.x == 1u);
+}
+
+// Whether segment sg (index s) of a flat chunk of several segments segs
+// is a fused tensor (FUSE): a whole tensor of fewer than tiny_run()
+// elements, exactly as plan::Plan::fused picks them.
+fn is_fused(s: u32, sg: Chunk, segs: vec2<u32>, ends: vec2<bool>) -> bool {
+    return FUSE && sg.len < tiny_run() && (s != segs.x || ends.x) && (s + 1u != segs.y || ends.y);
+}
+
+// Segment s's partial q, published: a fused tensor gets its norm and
+// factor here when plain_clip takes it (200 000 one-element tensors on
+// lavapipe, L2 no-clip: reduce_tensors 1.46 ms and tensor_stats 1.59
+// storing every partial, 1.69 ms and none fused);
+// any other segment stores q in partials[s], for tensor_stats or,
+// returning true (a fused tensor that plain_clip declines), for the
+// caller's clip_of (publish_general) after its loop: CPU drivers run a
+// branch's body under a lane mask whether or not a lane takes it, so
+// clip_of inside the loop over segments would cost every segment its price.
+fn publish(s: u32, tensor: u32, q: Partial, fused: bool, sc: StatScale, clipped: ptr<function, bool>) -> bool {
+    if fused {
+        let pc = plain_clip(q, sc.unscaling);
+        if pc.ok {
+            *clipped = store_tensor_stat(tensor, pc.c) || *clipped;
+            return false;
+        }
+    }
+    store_partial(s, q);
+    return fused;
+}
+
+// The general path for segment s, a fused tensor whose partial is stored.
+fn publish_general(s: u32, sc: StatScale) -> bool {
+    return store_general_stat(plan[3u * s + 2u], load_partial(s), sc);
+}
+
+// The partials of flat chunk c's segments (c's own when it is one segment),
+// or for a fused tensor (FUSE) its results (publish()). A segment's
+// partial depends only on the segment: one invocation folds a short one,
+// the workgroup a long one. The workgroup loops over the long ones only: a
+// loop over every segment with a barrier in it costs a barrier's worth per
+// segment on CPU drivers (thousands of tiny tensors).
 fn reduce_segments(c: u32, t: u32, kind: u32, whole: Partial, tracked: bool) {
     let segs = flat_segments(c);
     if segs.y - segs.x == 1u {
         if t == 0u {
-            partials[segs.x] = whole;
+            store_partial(segs.x, whole);
         }
         return;
     }
+    let ends = whole_ends(segs);
+    let sc = stat_scale();
+    var clipped = false;
     if t == 0u {
         atomicStore(&long_count, 0u);
         atomicStore(&mid_count, 0u);
@@ -931,37 +989,49 @@ fn reduce_segments(c: u32, t: u32, kind: u32, whole: Partial, tracked: bool) {
     let ch = chunk_at(c);
     let r = run_of(ch.start, ch.len);
     for (var base = segs.x + t; base < segs.y; base += SEG_BLOCK * WG) {
-        // Segments base + j * WG, j < SEG_BLOCK: tiny ones folded plainly
-        // now, the others queued as bits for the exact fold or the lists.
+        // Segments base + j * WG, j < SEG_BLOCK: tracked and tiny ones
+        // folded plainly now, the others queued as bits for the exact fold
+        // or the lists, and fused tensors that plain_clip declines for
+        // clip_of.
         var exact = 0u;
         var listed = 0u;
+        var general = 0u;
         for (var j = 0u; j < SEG_BLOCK && base + j * WG < segs.y; j++) {
             let s = base + j * WG;
+            let sg = chunk_at(s);
+            var k = Tracked(Partial(vec3(0.0), 0u), false);
             if tracked {
-                let k = tracked_partial(r, segs, s);
-                if k.ok {
-                    partials[s] = k.p;
-                    continue;
+                k = tracked_partial(r, segs, sg, s);
+            }
+            if !k.ok {
+                if sg.len < tiny_run() {
+                    k = tiny_partial(sg);
+                    exact |= u32(!k.ok) << j;
+                } else {
+                    listed |= 1u << j;
                 }
             }
-            let sg = chunk_at(s);
-            if sg.len < tiny_run() {
-                let k = tiny_partial(sg);
-                if k.ok {
-                    partials[s] = k.p;
-                } else {
-                    exact |= 1u << j;
-                }
-            } else {
-                listed |= 1u << j;
+            // One call for both paths: CPU drivers would run two copies.
+            if k.ok {
+                let fused = is_fused(s, sg, segs, ends);
+                general |= u32(publish(s, sg.tensor, k.p, fused, sc, &clipped)) << j;
             }
         }
         while exact != 0u {
-            let s = base + firstTrailingBit(exact) * WG;
+            let j = firstTrailingBit(exact);
             exact &= exact - 1u;
+            let s = base + j * WG;
             let sg = chunk_at(s);
             let sr = run_of(sg.start, sg.len);
-            partials[s] = exact_quads(sr, whole_share(sr), kind);
+            store_partial(s, exact_quads(sr, whole_share(sr), kind));
+            general |= u32(is_fused(s, sg, segs, ends)) << j;
+        }
+        if FUSE {
+            while general != 0u {
+                let s = base + firstTrailingBit(general) * WG;
+                general &= general - 1u;
+                clipped = publish_general(s, sc) || clipped;
+            }
         }
         while listed != 0u {
             let s = base + firstTrailingBit(listed) * WG;
@@ -984,7 +1054,7 @@ fn reduce_segments(c: u32, t: u32, kind: u32, whole: Partial, tracked: bool) {
         let s = mid_list[i];
         let sg = chunk_at(s);
         let r = run_of(sg.start, sg.len);
-        partials[s] = share_fold(r, whole_share(r), kind);
+        store_partial(s, share_fold(r, whole_share(r), kind));
     }
     let n = workgroupUniformLoad(&long_n);
     for (var i = 0u; i < n; i++) {
@@ -992,9 +1062,12 @@ fn reduce_segments(c: u32, t: u32, kind: u32, whole: Partial, tracked: bool) {
         let sg = chunk_at(s);
         workgroup_fold(sg.start, sg.len, t, kind);
         if t == 0u {
-            partials[s] = Partial(wg_v[0], wg_f[0]);
+            store_partial(s, Partial(wg_v[0], wg_f[0]));
         }
         workgroupBarrier();
+    }
+    if FUSE {
+        mark_clipped(clipped);
     }
 }
 
@@ -1030,7 +1103,7 @@ fn reduce_flat_tracked(c: u32, t: u32, segs: vec2<u32>, round: u32) -> Partial {
 fn publish_flat(c: u32, t: u32) -> Partial {
     let whole = Partial(wg_v[0], wg_f[0]);
     if t == 0u {
-        partials[c] = whole;
+        store_partial(c, whole);
     }
     workgroupBarrier();
     return whole;

@@ -186,8 +186,9 @@ fn scale(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
         var m = stats.state.coef_mant;
         var e = stats.state.coef_exp;
         if per_tensor {
-            m = stats.tensors[ch.tensor].coef_mant;
-            e = stats.tensors[ch.tensor].coef_exp;
+            let st = tensor_stat(ch.tensor);
+            m = st.coef_mant;
+            e = st.coef_exp;
         }
         scale_run(ch.start, ch.len, t, kind, clip_fast_factor(m, e), m, e);
     }

@@ -102,8 +102,9 @@ pub(crate) struct ElementPipelines {
     reduce_module: wgpu::ShaderModule,
     scale_module: wgpu::ShaderModule,
     /// Entry point `reduce` (global results only), then `reduce_tensors`
-    /// with and without the tracked walk ([`Clipper::reduce`]).
-    reduce: [[Lazy; Reduction::REDUCE_VARIANTS]; 3],
+    /// with and without the tracked walk, each without and with fused
+    /// tensors ([`Clipper::reduce`]).
+    reduce: [[Lazy; Reduction::REDUCE_VARIANTS]; 5],
     scale: Lazy,
     clamp: Lazy,
 }
@@ -425,23 +426,28 @@ impl Inner {
     /// no lane takes under a lane mask, and with the tracked walk beside it
     /// a one-tensor set's per-tensor step cost 5-15% more on lavapipe (L2,
     /// no-clip, against a plain step: 1.11-1.15x with it, 1.04-1.06x
-    /// without).
+    /// without). `fused`: the set has fused tensors (`FUSE`, for the same
+    /// reason only then).
     pub fn reduce<'a>(
         &self,
         elem: &'a ElementPipelines,
         r: Reduction,
         per_tensor: bool,
         shared_chunks: bool,
+        fused: bool,
     ) -> Result<&'a wgpu::ComputePipeline> {
         let module = (&shaders::element_modules(elem.path).0, &elem.reduce_module);
         let track = per_tensor && shared_chunks;
-        let (index, entry) = match (per_tensor, track) {
-            (false, _) => (0, "reduce"),
-            (true, true) => (1, "reduce_tensors"),
-            (true, false) => (2, "reduce_tensors"),
+        let fuse = per_tensor && fused;
+        let (index, entry) = match (per_tensor, track, fuse) {
+            (false, _, _) => (0, "reduce"),
+            (true, true, false) => (1, "reduce_tensors"),
+            (true, false, false) => (2, "reduce_tensors"),
+            (true, true, true) => (3, "reduce_tensors"),
+            (true, false, true) => (4, "reduce_tensors"),
         };
         let cell = &elem.reduce[index][r.reduce_variant()];
-        self.lazy(cell, module, entry, Specialised::Reduce(r, track))
+        self.lazy(cell, module, entry, Specialised::Reduce(r, track, fuse))
     }
 
     /// The scale pipeline of `elem`'s path.
@@ -494,9 +500,9 @@ enum Specialised {
     No,
     /// A finalize-module pipeline: the `KIND` override.
     Kind(Reduction),
-    /// A reduce pipeline: `KIND`, and the reduce module's own `POWER` and
-    /// `TRACK`.
-    Reduce(Reduction, bool),
+    /// A reduce pipeline: `KIND`, and the reduce module's own `POWER`,
+    /// `TRACK` and `FUSE`.
+    Reduce(Reduction, bool, bool),
 }
 
 /// The pipeline of `entry` in `module`, specialised through its overrides.
@@ -514,15 +520,19 @@ fn make_pipeline(
         (shaders::TEAM_OVERRIDE, team as f64),
     ];
     let mut label = format!("{} {entry}", module.name);
-    if let Specialised::Kind(r) | Specialised::Reduce(r, _) = specialised {
+    if let Specialised::Kind(r) | Specialised::Reduce(r, _, _) = specialised {
         constants.push((shaders::KIND_OVERRIDE, r.kind() as f64));
         label = format!("{label} {r:?}");
     }
-    if let Specialised::Reduce(r, track) = specialised {
+    if let Specialised::Reduce(r, track, fuse) = specialised {
         constants.push((shaders::POWER_OVERRIDE, r.power() as f64));
         constants.push((shaders::TRACK_OVERRIDE, f64::from(u8::from(track))));
+        constants.push((shaders::FUSE_OVERRIDE, f64::from(u8::from(fuse))));
         if track {
             label = format!("{label} tracked");
+        }
+        if fuse {
+            label = format!("{label} fused");
         }
     }
     device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {

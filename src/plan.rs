@@ -7,7 +7,7 @@ use crate::dtype::GradType;
 use crate::error::{Error, Result};
 use crate::layout::GradLayout;
 use crate::records::{Chunk, Partial, TensorStat, STATS_HEAD_SIZE};
-use crate::shaders::MIN_CHUNK_ELEMENTS;
+use crate::shaders::{self, MIN_CHUNK_ELEMENTS};
 
 /// Flat chunks a set of a CPU adapter keeps, if it has the elements, when
 /// picking its chunk length: each chunk is one workgroup's work in the
@@ -256,6 +256,10 @@ pub(crate) struct Plan {
     pub flat: Vec<Chunk>,
     pub windows: Vec<Window>,
     pub tensor_chunks: Vec<(u32, u32)>,
+    /// Tensors shorter than this that are one segment of a flat chunk of
+    /// several get their results from the reduce pass ([`fused`](Self::fused));
+    /// 0 where none does. Set by [`Bound::new`].
+    pub fused_below: u32,
 }
 
 /// Cuts a window's pieces (each one tensor's elements, in increasing
@@ -421,6 +425,7 @@ pub(crate) fn plan(
         flat,
         windows,
         tensor_chunks,
+        fused_below: 0,
     })
 }
 
@@ -441,8 +446,9 @@ pub(crate) struct Bound {
     /// window ([`grid`]).
     pub reduce_grid: [u32; 2],
     /// Workgroups of the per-tensor statistics pass (invocations striding
-    /// over the tensors, `tensors_per_invocation` each where there are that
-    /// many), for workgroups of `workgroup_size` invocations.
+    /// over the split tensors, `tensors_per_invocation` each where there
+    /// are that many), for workgroups of `workgroup_size` invocations; none
+    /// where every tensor is one segment.
     pub tensor_stat_workgroups: u32,
 }
 
@@ -463,13 +469,17 @@ impl Bound {
         let max_binding = limits.max_storage_buffer_binding_size.min(u32::MAX as u64) / 4 * 4;
         too_large("storage offset alignment", align, max_binding)?;
         let window_bytes = max_binding / align * align;
-        let plan = plan(
+        let mut plan = plan(
             layout,
             &placed.placements,
             chunk_elements,
             window_bytes,
             align,
         )?;
+        let below = shaders::tiny_run(longest_chunk);
+        if plan.fused_with(below).any(|f| f) {
+            plan.fused_below = below;
+        }
         too_large("plan table bytes", 4 * plan.table_words_len(), max_binding)?;
         too_large(
             "partials bytes",
@@ -494,9 +504,9 @@ impl Bound {
             workgroups: segments.clamp(1, cap),
             flat_workgroups: flat.clamp(1, cap),
             reduce_grid: grid(flat, limits.max_compute_workgroups_per_dimension)?,
-            tensor_stat_workgroups: (layout.len() as u64)
+            tensor_stat_workgroups: (plan.split_count() as u64)
                 .div_ceil(workgroup_size as u64 * tensors_per_invocation.max(1) as u64)
-                .clamp(1, cap as u64) as u32,
+                .min(cap as u64) as u32,
             plan,
         })
     }
@@ -521,9 +531,12 @@ impl Plan {
     }
 
     /// Words of the plan table: the chunks, two words per tensor, one per
-    /// flat chunk.
+    /// flat chunk, one per split tensor.
     pub fn table_words_len(&self) -> u64 {
-        3 * self.partials_len() + 2 * self.tensor_chunks.len() as u64 + self.flat.len() as u64
+        3 * self.partials_len()
+            + 2 * self.tensor_chunks.len() as u64
+            + self.flat.len() as u64
+            + self.split_words()
     }
 
     /// Word index of the per-tensor partial ranges in the table.
@@ -541,11 +554,7 @@ impl Plan {
     /// has none. The reduce pass sizes the rounds of its tracked walk by it
     /// (WGSL `tracked_round`).
     pub fn gap(&self, k: usize) -> u32 {
-        let first = self.flat[k].tensor as usize;
-        let end = self
-            .flat
-            .get(k + 1)
-            .map_or(self.chunks.len(), |c| c.tensor as usize);
+        let (first, end) = self.flat_segments(k);
         let inner = self
             .chunks
             .get(first + 1..end.saturating_sub(1))
@@ -553,9 +562,74 @@ impl Plan {
         inner.iter().map(|c| c.len).min().unwrap_or(u32::MAX)
     }
 
+    /// Whether each tensor would be fused for `below`: one segment, of
+    /// fewer than `below` elements, of a flat chunk of several segments
+    /// (the reduce pass folds such a segment by itself, where a tensor's
+    /// norm and factor cost little more than its partial).
+    fn fused_with(&self, below: u32) -> impl Iterator<Item = bool> + '_ {
+        let mut fused = vec![false; self.tensor_chunks.len()];
+        for k in 0..self.flat.len() {
+            let (first, end) = self.flat_segments(k);
+            if end - first < 2 {
+                continue;
+            }
+            for s in first..end {
+                let t = self.chunks[s].tensor as usize;
+                if self.tensor_chunks[t] == (s as u32, s as u32 + 1) && self.chunks[s].len < below {
+                    fused[t] = true;
+                }
+            }
+        }
+        fused.into_iter()
+    }
+
+    /// Whether each tensor gets its norm and factor from the reduce pass
+    /// (WGSL `is_fused`, with the `FUSE` override set where any does);
+    /// the statistics pass folds every other tensor's from its segments'
+    /// partials.
+    pub fn fused(&self) -> impl Iterator<Item = bool> + '_ {
+        self.fused_with(self.fused_below)
+    }
+
+    /// Flat chunk k's segments, as [begin, end) indices of `chunks`.
+    fn flat_segments(&self, k: usize) -> (usize, usize) {
+        let first = self.flat[k].tensor as usize;
+        let end = self
+            .flat
+            .get(k + 1)
+            .map_or(self.chunks.len(), |c| c.tensor as usize);
+        (first, end)
+    }
+
+    /// The tensors of the statistics pass, the split list: every tensor
+    /// that is not fused. Where none is, the table holds no list and the
+    /// pass takes tensor k as its k-th (WGSL `split_tensor`).
+    pub fn split_tensors(&self) -> impl Iterator<Item = u32> + '_ {
+        self.fused()
+            .enumerate()
+            .filter(|&(_, f)| !f)
+            .map(|(t, _)| t as u32)
+    }
+
+    /// Tensors of [`split_tensors`](Self::split_tensors).
+    pub fn split_count(&self) -> u32 {
+        self.split_tensors().count() as u32
+    }
+
+    /// Words of the split list in the table: none where it would list
+    /// every tensor in order.
+    fn split_words(&self) -> u64 {
+        if self.fused_below == 0 {
+            0
+        } else {
+            self.split_count() as u64
+        }
+    }
+
     /// The plan table the shaders read: per-tensor chunks, flat chunks (three
     /// words each), each tensor's range of partials (its per-tensor
-    /// chunks), then each flat chunk's gap. Never empty: a binding cannot be.
+    /// chunks), each flat chunk's gap, then the split list where some
+    /// tensor is fused. Never empty: a binding cannot be.
     pub fn table_words(&self) -> Vec<u32> {
         let mut words = Vec::with_capacity(self.table_words_len().max(1) as usize);
         for c in self.chunks.iter().chain(&self.flat) {
@@ -565,6 +639,9 @@ impl Plan {
             words.extend_from_slice(&[begin, end]);
         }
         words.extend((0..self.flat.len()).map(|k| self.gap(k)));
+        if self.fused_below != 0 {
+            words.extend(self.split_tensors());
+        }
         if words.is_empty() {
             words.push(0);
         }
@@ -629,6 +706,37 @@ mod tests {
         let words = plan.table_words();
         assert_eq!(words.len() as u64, plan.table_words_len());
         assert_eq!(&words[plan.gaps_at() as usize..], &gaps[..]);
+    }
+
+    #[test]
+    fn fused_tensors_are_whole_tiny_segments_of_shared_chunks() {
+        // The layout above: [0, 64) holds tensors 0 (10) and 1 (50) whole,
+        // tensor 3 crosses into [64, 128), which holds tensor 4 (5) whole;
+        // tensor 2 is empty, 5 and 6 cross chunk ends.
+        let layout = GradLayout::from_sizes(&[10, 50, 0, 20, 5, 100, 30]).unwrap();
+        let mut plan = plan(&layout, &packed(&layout), 64, 1 << 20, 16).unwrap();
+        assert!(plan.fused().all(|f| !f));
+        assert!(plan.split_tensors().eq(0..7));
+        assert_eq!(plan.table_words().len() as u64, plan.table_words_len());
+        plan.fused_below = 11;
+        let fused: Vec<bool> = plan.fused().collect();
+        assert_eq!(fused, [true, false, false, false, true, false, false]);
+        let split: Vec<u32> = plan.split_tensors().collect();
+        assert_eq!(split, [1, 2, 3, 5, 6]);
+        let words = plan.table_words();
+        assert_eq!(words.len() as u64, plan.table_words_len());
+        assert_eq!(
+            &words[plan.gaps_at() as usize + plan.flat.len()..],
+            &split[..]
+        );
+        plan.fused_below = 51;
+        assert!(plan.split_tensors().eq([2, 3, 5, 6]));
+        // A tensor alone in its flat chunk keeps its partial: the reduce
+        // pass stores a one-segment chunk's own.
+        let layout = GradLayout::from_sizes(&[5]).unwrap();
+        let mut alone = super::plan(&layout, &packed(&layout), 64, 1 << 20, 16).unwrap();
+        alone.fused_below = 11;
+        assert!(alone.split_tensors().eq([0]));
     }
 
     fn packed(layout: &GradLayout) -> Vec<Placement> {

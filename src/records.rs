@@ -53,7 +53,10 @@ pub struct WindowInfo {
     pub ranges_at: u32,
     /// Word index of the flat chunks' gaps in the plan table.
     pub gaps_at: u32,
-    pub _pad: u32,
+    /// Tensors of the statistics pass: those of the plan table's split list
+    /// (after the gaps), or every tensor where the list is not there
+    /// (`Plan::split_tensors`).
+    pub split_count: u32,
 }
 
 /// WGSL `ClipConfig`: one clip's parameters, copied into the set's config
@@ -231,7 +234,7 @@ pub fn layouts() -> Vec<RecordLayout> {
             flat_workgroups,
             ranges_at,
             gaps_at,
-            _pad
+            split_count
         }),
         record!(ClipConfig {
             semantics,

@@ -38,6 +38,10 @@ const CLIP_STATE: (&str, &str) = ("clip_state.wgsl", crate::wgsl::CLIP_STATE);
 const BITS: (&str, &str) = ("bits.wgsl", include_str!("../shaders/bits.wgsl"));
 const COMMON: (&str, &str) = ("common.wgsl", include_str!("../shaders/common.wgsl"));
 const FOLD: (&str, &str) = ("fold.wgsl", include_str!("../shaders/fold.wgsl"));
+const COEFFICIENT: (&str, &str) = (
+    "coefficient.wgsl",
+    include_str!("../shaders/coefficient.wgsl"),
+);
 const HALF: (&str, &str) = ("half.wgsl", include_str!("../shaders/half.wgsl"));
 const REDUCE_FILE: (&str, &str) = ("reduce.wgsl", include_str!("../shaders/reduce.wgsl"));
 const SCALE_FILE: (&str, &str) = ("scale.wgsl", include_str!("../shaders/scale.wgsl"));
@@ -68,7 +72,15 @@ const SCALE_ENTRY_POINTS: &[&str] = &["scale", "clamp_values"];
 /// Reduce: per-chunk partial norms (f32 gradients).
 pub const REDUCE: PassModule = PassModule {
     name: "gradclip reduce",
-    files: &[CLIP_STATE, BITS, COMMON, ELEM_F32, FOLD, REDUCE_FILE],
+    files: &[
+        CLIP_STATE,
+        BITS,
+        COMMON,
+        ELEM_F32,
+        FOLD,
+        COEFFICIENT,
+        REDUCE_FILE,
+    ],
     entry_points: REDUCE_ENTRY_POINTS,
     shader_f16: false,
 };
@@ -83,6 +95,7 @@ pub const FINALIZE: PassModule = PassModule {
         BITS,
         COMMON,
         FOLD,
+        COEFFICIENT,
         ("finalize.wgsl", include_str!("../shaders/finalize.wgsl")),
     ],
     entry_points: &["finalize", "finish_supplied", "tensor_stats"],
@@ -107,6 +120,7 @@ pub const REDUCE_F32_UNALIGNED: PassModule = PassModule {
         COMMON,
         ELEM_F32_UNALIGNED,
         FOLD,
+        COEFFICIENT,
         REDUCE_FILE,
     ],
     entry_points: REDUCE_ENTRY_POINTS,
@@ -124,7 +138,16 @@ pub const SCALE_F32_UNALIGNED: PassModule = PassModule {
 /// Reduce over f16 gradients with native 16-bit loads (`shader-f16`).
 pub const REDUCE_F16: PassModule = PassModule {
     name: "gradclip reduce f16",
-    files: &[ELEM_F16, CLIP_STATE, BITS, COMMON, HALF, FOLD, REDUCE_FILE],
+    files: &[
+        ELEM_F16,
+        CLIP_STATE,
+        BITS,
+        COMMON,
+        HALF,
+        FOLD,
+        COEFFICIENT,
+        REDUCE_FILE,
+    ],
     entry_points: REDUCE_ENTRY_POINTS,
     shader_f16: true,
 };
@@ -148,6 +171,7 @@ pub const REDUCE_F16_PACKED: PassModule = PassModule {
         PACKED16_F16,
         ELEM_PACKED16,
         FOLD,
+        COEFFICIENT,
         REDUCE_FILE,
     ],
     entry_points: REDUCE_ENTRY_POINTS,
@@ -181,6 +205,7 @@ pub const REDUCE_BF16_PACKED: PassModule = PassModule {
         PACKED16_BF16,
         ELEM_PACKED16,
         FOLD,
+        COEFFICIENT,
         REDUCE_FILE,
     ],
     entry_points: REDUCE_ENTRY_POINTS,
@@ -293,6 +318,25 @@ pub const POWER_OVERRIDE: &str = "POWER";
 /// where a chunk's segments fit its slots (off for sets whose chunks hold
 /// no tensor boundary, which have no use for the tracked walk's code).
 pub const TRACK_OVERRIDE: &str = "TRACK";
+/// Name of the reduce pass's pipeline-overridable constant that lets
+/// `reduce_tensors` give fused tensors ([`tiny_run`]) their norms and
+/// factors itself (set for sets that have any: plan::Plan::fused).
+pub const FUSE_OVERRIDE: &str = "FUSE";
+/// Segments shorter than this (at least; [`tiny_run`]) are folded element
+/// by element in the reduce pass (WGSL `TINY_RUN`).
+pub const TINY_RUN: u32 = 32;
+/// The most medium segments a flat chunk's list holds in the reduce pass
+/// (WGSL `MID_MAX`).
+pub const MID_MAX: u32 = 1024;
+
+/// WGSL `tiny_run()` for a device whose longest flat chunk (the `CHUNK`
+/// override) is `chunk`: segments shorter than this are folded element by
+/// element, and those that are whole tensors of a flat chunk of several
+/// segments are the fused ones.
+pub(crate) fn tiny_run(chunk: u32) -> u32 {
+    TINY_RUN.max(chunk / MID_MAX)
+}
+
 /// Name of the pipeline-overridable constant that sets how many
 /// neighbouring invocations read each contiguous piece of a run in turns
 /// (`TEAM` in common.wgsl, which has no default: every pipeline of a

@@ -49,6 +49,9 @@ pub(super) struct Bindings {
     /// Whether a flat chunk holds more than one segment (a tensor boundary
     /// inside it): the per-tensor reduce has segments to track only then.
     pub shared_chunks: bool,
+    /// Whether the reduce pass gives some tensors their results itself
+    /// (plan::Plan::fused).
+    pub fused: bool,
     /// Grid-stride workgroups over segments (the per-tensor scale walk).
     pub tensor_workgroups: u32,
     /// Workgroups of the per-tensor statistics pass.
@@ -119,6 +122,7 @@ impl Bindings {
         self.flat_workgroups = bound.flat_workgroups;
         self.reduce_grid = bound.reduce_grid;
         self.shared_chunks = bound.plan.shared_chunks();
+        self.fused = bound.plan.fused_below != 0;
         self.tensor_workgroups = bound.workgroups;
         self.tensor_stat_workgroups = bound.tensor_stat_workgroups;
         self.buffers = placed.buffers.iter().map(|b| (*b).clone()).collect();
@@ -312,6 +316,7 @@ fn uniform_stride(device: &wgpu::Device) -> u64 {
 fn record_bytes(bound: &Bound, uniform_stride: u64) -> Vec<u8> {
     let plan = &bound.plan;
     let chunk_count = plan.chunks.len() as u32;
+    let split_count = plan.split_count();
     let info = |w: &crate::plan::Window| WindowInfo {
         chunk_begin: w.chunk_begin,
         chunk_end: w.chunk_end,
@@ -324,12 +329,13 @@ fn record_bytes(bound: &Bound, uniform_stride: u64) -> Vec<u8> {
         flat_workgroups: bound.flat_workgroups,
         ranges_at: plan.ranges_at(),
         gaps_at: plan.gaps_at(),
-        _pad: 0,
+        split_count,
     };
     let empty = WindowInfo {
         tensor_count: plan.tensor_chunks.len() as u32,
         ranges_at: plan.ranges_at(),
         gaps_at: plan.gaps_at(),
+        split_count,
         ..WindowInfo::default()
     };
     let infos: Vec<WindowInfo> = if plan.windows.is_empty() {
@@ -497,6 +503,7 @@ fn bindings(
         flat_workgroups: bound.flat_workgroups,
         reduce_grid: bound.reduce_grid,
         shared_chunks: bound.plan.shared_chunks(),
+        fused: bound.plan.fused_below != 0,
         tensor_workgroups: bound.workgroups,
         tensor_stat_workgroups: bound.tensor_stat_workgroups,
         buffers: placed.buffers.iter().map(|b| (*b).clone()).collect(),

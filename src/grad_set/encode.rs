@@ -519,6 +519,7 @@ impl GradSet {
                 reduction,
                 per_tensor(config),
                 self.bound.shared_chunks,
+                self.bound.fused,
             )?;
         }
         if per_tensor(config) {
@@ -574,6 +575,7 @@ impl GradSet {
                     reduction,
                     per_tensor(config),
                     self.bound.shared_chunks,
+                    self.bound.fused,
                 )?);
                 pass.set_bind_group(0, bind_group, &[]);
                 pass.dispatch_workgroups(x, y, 1);
@@ -590,9 +592,11 @@ impl GradSet {
             }
         }
         pass.set_bind_group(0, &self.bound.bind_groups[0], &[]);
-        if per_tensor(config) {
-            // Every tensor's norm and factor, spread over the device; finalize
-            // (one workgroup) then only learns whether any factor is not 1.
+        if per_tensor(config) && self.bound.tensor_stat_workgroups > 0 {
+            // The norm and factor of each tensor that is not one segment
+            // (the reduce gave the others theirs), spread over the device;
+            // finalize (one workgroup) then only learns whether any factor
+            // is not 1.
             pass.set_pipeline(self.inner.tensor_stats(reduction)?);
             pass.dispatch_workgroups(self.bound.tensor_stat_workgroups, 1, 1);
         }

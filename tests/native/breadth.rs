@@ -78,21 +78,12 @@ fn per_tensor_clipping_matches_clip_by_norm() {
             let clip = base.norm(order.to_norm()).per_tensor(true);
             let (report, after) = run_clip(&data, &SIZES, |set, enc| set.clip_norm(enc, &clip));
             let report = report.unwrap();
-            let mut want = Vec::new();
-            for (i, tensor) in split(&data, &SIZES).iter().enumerate() {
-                let norm = reference::norm(tensor, order);
-                let clipped = if tensorflow && norm > 0.0 {
-                    reference::tensorflow_clipped(tensor, norm, max_norm as f64)
-                } else if tensorflow {
-                    tensor.clone()
-                } else {
-                    reference::torch_clipped(tensor, norm, max_norm as f64)
-                };
+            let (norms, want) = per_tensor_reference(&data, &SIZES, order, max_norm, tensorflow);
+            for (i, &norm) in norms.iter().enumerate() {
                 assert!(
                     rel_diff(report.tensor_norms[i] as f64, norm) <= 1e-5,
                     "tensor {i}"
                 );
-                want.extend(clipped);
             }
             let global = reference::norm(&data, order);
             assert!(
@@ -121,6 +112,112 @@ fn per_tensor_clipping_matches_clip_by_norm() {
     let first = &split(&data, &SIZES)[0];
     let want = reference::torch_clipped(first, reference::norm(first, Order::L2), 2.0);
     assert_close(&parts[0], &want, 1e-5, "finite tensor beside an inf one");
+}
+
+/// Each tensor's float64 norm under `order`, and the gradients after
+/// clipping each tensor by its own norm to `max_norm` (PyTorch's rule, or
+/// TensorFlow's `clip_by_norm`).
+fn per_tensor_reference(
+    data: &[f32],
+    sizes: &[usize],
+    order: Order,
+    max_norm: f32,
+    tensorflow: bool,
+) -> (Vec<f64>, Vec<f32>) {
+    let mut norms = Vec::new();
+    let mut want = Vec::new();
+    for tensor in split(data, sizes) {
+        let norm = reference::norm(&tensor, order);
+        want.extend(if tensorflow && norm > 0.0 {
+            reference::tensorflow_clipped(&tensor, norm, max_norm as f64)
+        } else if tensorflow {
+            tensor.clone()
+        } else {
+            reference::torch_clipped(&tensor, norm, max_norm as f64)
+        });
+        norms.push(norm);
+    }
+    (norms, want)
+}
+
+#[test]
+fn fused_tensors_match_float64() {
+    // Tensors of 1 to 40 and of 120 to 136 elements (each side of the
+    // tiny runs of both kinds of device: 32 elements on GPUs, 128 on CPU
+    // adapters) between some of 3000. The reduce pass gives the tiny ones
+    // that lie whole in a flat chunk of several segments their norms and
+    // factors itself, by plain_clip or (p = 1.5, a non-finite element) by
+    // clip_of; tensor_stats gives the others theirs.
+    let sizes: Vec<usize> = (0..600)
+        .map(|i| match i % 100 {
+            0 => 3000,
+            k if k < 60 => 1 + k % 40,
+            k => 120 + k % 17,
+        })
+        .collect();
+    let data = values(sizes.iter().sum(), 12);
+    for tensorflow in [false, true] {
+        for order in [Order::L2, Order::Inf, Order::P(1.5)] {
+            let mut norms: Vec<f64> = split(&data, &sizes)
+                .iter()
+                .map(|t| reference::norm(t, order))
+                .collect();
+            norms.sort_by(f64::total_cmp);
+            // Half of the tensors clip.
+            let max_norm = norms[norms.len() / 2] as f32;
+            let base = if tensorflow {
+                ClipNorm::tensorflow(max_norm)
+            } else {
+                ClipNorm::new(max_norm)
+            };
+            let clip = base.norm(order.to_norm()).per_tensor(true);
+            let (report, after) = run_clip(&data, &sizes, |set, enc| set.clip_norm(enc, &clip));
+            let report = report.unwrap();
+            let what = format!("{order:?} tf={tensorflow}");
+            let (norms, want) = per_tensor_reference(&data, &sizes, order, max_norm, tensorflow);
+            for (t, (&got, &norm)) in report.tensor_norms.iter().zip(&norms).enumerate() {
+                assert!(
+                    rel_diff(got as f64, norm) <= 1e-5,
+                    "{what}: tensor {t} ({} elements) norm {got} vs {norm}",
+                    sizes[t]
+                );
+            }
+            assert_close(&after, &want, 1e-5, &what);
+        }
+    }
+    // Only tensor 5 (6 elements, inside the first flat chunk) clips: the
+    // reduce pass alone tells finalize that some tensor's factor is not 1.
+    let small: Vec<f32> = split(&data, &sizes)
+        .iter()
+        .enumerate()
+        .flat_map(|(t, g)| {
+            let by = if t == 5 { 1e3 } else { 1e-4 };
+            g.iter().map(move |&x| x * by).collect::<Vec<_>>()
+        })
+        .collect();
+    let clip = ClipNorm::new(1.0).per_tensor(true);
+    let (report, after) = run_clip(&small, &sizes, |set, enc| set.clip_norm(enc, &clip));
+    assert!(report.unwrap().tensor_norms[5] > 1.0);
+    let (_, want) = per_tensor_reference(&small, &sizes, Order::L2, 1.0, false);
+    assert_close(&after, &want, 1e-5, "one fused tensor clips");
+    // An inf in tensor 7 (8 elements): its norm is inf and its elements
+    // follow PyTorch; tensor 8 beside it is clipped by its own norm.
+    let mut bad = data.clone();
+    let start: usize = sizes[..7].iter().sum();
+    bad[start + 3] = f32::INFINITY;
+    let clip = ClipNorm::new(0.5).per_tensor(true);
+    let (report, after) = run_clip(&bad, &sizes, |set, enc| set.clip_norm(enc, &clip));
+    let report = report.unwrap();
+    assert!(report.nonfinite && report.tensor_norms[7].is_infinite());
+    let parts = split(&after, &sizes);
+    assert!(parts[7]
+        .iter()
+        .enumerate()
+        .all(|(j, &g)| if j == 3 { g.is_nan() } else { g == 0.0 }));
+    let eighth = &split(&bad, &sizes)[8];
+    let want = reference::torch_clipped(eighth, reference::norm(eighth, Order::L2), 0.5);
+    assert_close(&parts[8], &want, 1e-5, "a fused tensor beside an inf one");
+    assert_no_wgpu_errors();
 }
 
 #[test]

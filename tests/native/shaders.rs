@@ -7,9 +7,9 @@
 use gradclip::records;
 use gradclip::shaders::{
     PassModule, ADAPTIVE, ADAPTIVE_ADAGC, ADAPTIVE_AGC, AGC_DTYPE_OVERRIDE, AGC_WORKGROUP_SIZE,
-    CHUNK_OVERRIDE, CPU_TEAM, FINALIZE, GPU_TEAM, KIND_OVERRIDE, MAX_POWER, MODULES,
-    POWER_OVERRIDE, REDUCE_WORKGROUP_BYTES_PER_INVOCATION, REDUCE_WORKGROUP_FIXED_BYTES,
-    TEAM_OVERRIDE, TENSOR_STAT_BLOCK, WORKGROUP_SIZE_OVERRIDE,
+    CHUNK_OVERRIDE, CPU_TEAM, FINALIZE, GPU_TEAM, KIND_OVERRIDE, MAX_POWER, MID_MAX, MODULES,
+    POWER_OVERRIDE, REDUCE, REDUCE_WORKGROUP_BYTES_PER_INVOCATION, REDUCE_WORKGROUP_FIXED_BYTES,
+    TEAM_OVERRIDE, TENSOR_STAT_BLOCK, TINY_RUN, WORKGROUP_SIZE_OVERRIDE,
 };
 
 /// The adaptive methods' modules: no overrides, each with its own layout.
@@ -332,6 +332,13 @@ fn wgsl_struct(module: &naga::Module, name: &str) -> (u32, Vec<(String, u32)>) {
     )
 }
 
+fn array_stride(module: &naga::Module, ty: naga::Handle<naga::Type>) -> u32 {
+    match module.types[ty].inner {
+        naga::TypeInner::Array { stride, .. } => stride,
+        ref other => panic!("{other:?} is not an array"),
+    }
+}
+
 #[test]
 fn record_layouts_match_the_rust_mirrors() {
     let (module, _) = parse(&MODULES[0]);
@@ -365,6 +372,33 @@ fn record_layouts_match_the_rust_mirrors() {
     .map(|(n, o)| (n.to_string(), *o))
     .collect();
     assert_eq!(offsets, want, "Stats members");
+    // The partials and the per-tensor statistics are arrays of vec4s (one
+    // store each), with the stride of their records.
+    let partials = module
+        .global_variables
+        .iter()
+        .find(|(_, v)| v.name.as_deref() == Some("partials"))
+        .expect("a partials binding")
+        .1
+        .ty;
+    assert_eq!(
+        array_stride(&module, partials) as usize,
+        size_of::<records::Partial>()
+    );
+    let stats = module
+        .types
+        .iter()
+        .find_map(|(_, t)| match &t.inner {
+            naga::TypeInner::Struct { members, .. } if t.name.as_deref() == Some("Stats") => {
+                members.last().map(|m| m.ty)
+            }
+            _ => None,
+        })
+        .expect("Stats ends in the tensors' array");
+    assert_eq!(
+        array_stride(&module, stats) as usize,
+        size_of::<records::TensorStat>()
+    );
     assert_eq!(records::STATS_HEAD_SIZE, records::STATS_TENSORS_OFFSET);
     assert_eq!(
         records::CONFIG_SUPPLIED_OFFSET,
@@ -450,6 +484,16 @@ fn tensor_stat_block_is_the_hosts() {
     let (module, _) = parse(&FINALIZE);
     assert_eq!(u32_constant(&module, "STAT_BLOCK"), TENSOR_STAT_BLOCK);
     assert!((1..=32).contains(&TENSOR_STAT_BLOCK));
+}
+
+/// The host picks the tensors that the reduce pass gives their results
+/// (plan::Plan::fused) by the reduce pass's tiny run, from the same
+/// constants.
+#[test]
+fn tiny_run_is_the_hosts() {
+    let (module, _) = parse(&REDUCE);
+    assert_eq!(u32_constant(&module, "TINY_RUN"), TINY_RUN);
+    assert_eq!(u32_constant(&module, "MID_MAX"), MID_MAX);
 }
 
 #[test]
