@@ -922,6 +922,19 @@ var<workgroup> mid_list: array<u32, MID_MAX>;
 // many to a workgroup, and their statistics cost what their fold costs.
 override FUSE: bool = false;
 
+// Whether the per-segment fold has its lists of medium and long segments
+// (folded one per invocation and by the whole workgroup). The host turns
+// them off for a set whose every flat chunk of several segments is
+// tracked (plan::Bound::fold_lists, with a mirror of tracks_segments and
+// tracked_round), where only the segments whose tracked sum a fast path
+// would not keep (a non-finite or extreme element) are folded again: by
+// exact_quads in the invocation that met them, slower for a long segment
+// but the same bits. The lists' code costs CPU drivers a masked pass per
+// workgroup even when they are empty: 10 000 tensors of 1 000 elements on
+// lavapipe (10^7 elements, no-clip), tensor_norms / plain step 1.24-1.26
+// with them, 1.14-1.15 without (L2; Inf 1.22-1.24 and 1.16-1.17).
+override FOLD_LISTS: bool = true;
+
 // Whether the first and the last of a flat chunk's segments segs are whole
 // tensors: a tensor of more than one segment continues into the chunk
 // before or after. Every segment between them is a whole tensor.
@@ -981,11 +994,13 @@ fn reduce_segments(c: u32, t: u32, kind: u32, whole: Partial, tracked: bool) {
     let ends = whole_ends(segs);
     let sc = stat_scale();
     var clipped = false;
-    if t == 0u {
-        atomicStore(&long_count, 0u);
-        atomicStore(&mid_count, 0u);
+    if FOLD_LISTS {
+        if t == 0u {
+            atomicStore(&long_count, 0u);
+            atomicStore(&mid_count, 0u);
+        }
+        workgroupBarrier();
     }
-    workgroupBarrier();
     let ch = chunk_at(c);
     let r = run_of(ch.start, ch.len);
     for (var base = segs.x + t; base < segs.y; base += SEG_BLOCK * WG) {
@@ -1007,8 +1022,10 @@ fn reduce_segments(c: u32, t: u32, kind: u32, whole: Partial, tracked: bool) {
                 if sg.len < tiny_run() {
                     k = tiny_partial(sg);
                     exact |= u32(!k.ok) << j;
-                } else {
+                } else if FOLD_LISTS {
                     listed |= 1u << j;
+                } else {
+                    exact |= 1u << j;
                 }
             }
             // One call for both paths: CPU drivers would run two copies.
@@ -1033,38 +1050,42 @@ fn reduce_segments(c: u32, t: u32, kind: u32, whole: Partial, tracked: bool) {
                 clipped = publish_general(s, sc) || clipped;
             }
         }
-        while listed != 0u {
-            let s = base + firstTrailingBit(listed) * WG;
-            listed &= listed - 1u;
-            if chunk_at(s).len <= serial_max() {
-                mid_list[min(atomicAdd(&mid_count, 1u), MID_MAX - 1u)] = s;
-            } else {
-                long_list[min(atomicAdd(&long_count, 1u), LONG_MAX - 1u)] = s;
+        if FOLD_LISTS {
+            while listed != 0u {
+                let s = base + firstTrailingBit(listed) * WG;
+                listed &= listed - 1u;
+                if chunk_at(s).len <= serial_max() {
+                    mid_list[min(atomicAdd(&mid_count, 1u), MID_MAX - 1u)] = s;
+                } else {
+                    long_list[min(atomicAdd(&long_count, 1u), LONG_MAX - 1u)] = s;
+                }
             }
         }
     }
-    workgroupBarrier();
-    if t == 0u {
-        long_n = min(atomicLoad(&long_count), LONG_MAX);
-        mid_n = min(atomicLoad(&mid_count), MID_MAX);
-    }
-    // Medium segments: one invocation each, through the fast paths.
-    let m = workgroupUniformLoad(&mid_n);
-    for (var i = t; i < m; i += WG) {
-        let s = mid_list[i];
-        let sg = chunk_at(s);
-        let r = run_of(sg.start, sg.len);
-        store_partial(s, share_fold(r, whole_share(r), kind));
-    }
-    let n = workgroupUniformLoad(&long_n);
-    for (var i = 0u; i < n; i++) {
-        let s = workgroupUniformLoad(&long_list[i]);
-        let sg = chunk_at(s);
-        workgroup_fold(sg.start, sg.len, t, kind);
-        if t == 0u {
-            store_partial(s, Partial(wg_v[0], wg_f[0]));
-        }
+    if FOLD_LISTS {
         workgroupBarrier();
+        if t == 0u {
+            long_n = min(atomicLoad(&long_count), LONG_MAX);
+            mid_n = min(atomicLoad(&mid_count), MID_MAX);
+        }
+        // Medium segments: one invocation each, through the fast paths.
+        let m = workgroupUniformLoad(&mid_n);
+        for (var i = t; i < m; i += WG) {
+            let s = mid_list[i];
+            let sg = chunk_at(s);
+            let r = run_of(sg.start, sg.len);
+            store_partial(s, share_fold(r, whole_share(r), kind));
+        }
+        let n = workgroupUniformLoad(&long_n);
+        for (var i = 0u; i < n; i++) {
+            let s = workgroupUniformLoad(&long_list[i]);
+            let sg = chunk_at(s);
+            workgroup_fold(sg.start, sg.len, t, kind);
+            if t == 0u {
+                store_partial(s, Partial(wg_v[0], wg_f[0]));
+            }
+            workgroupBarrier();
+        }
     }
     if FUSE {
         mark_clipped(clipped);

@@ -71,7 +71,7 @@ pub(crate) struct Inner {
     pub chunk_elements: u32,
     /// Invocations that read each piece of a run in turns (the `TEAM`
     /// override: [`shaders::GPU_TEAM`] or [`shaders::CPU_TEAM`]).
-    team: u32,
+    pub team: u32,
     /// Tensors each invocation of the per-tensor statistics pass takes
     /// at least, where a set has that many.
     pub tensors_per_invocation: u32,
@@ -102,9 +102,9 @@ pub(crate) struct ElementPipelines {
     reduce_module: wgpu::ShaderModule,
     scale_module: wgpu::ShaderModule,
     /// Entry point `reduce` (global results only), then `reduce_tensors`
-    /// with and without the tracked walk, each without and with fused
-    /// tensors ([`Clipper::reduce`]).
-    reduce: [[Lazy; Reduction::REDUCE_VARIANTS]; 5],
+    /// without the tracked walk, and with it, without and with fused
+    /// tensors, without and with the segment lists ([`Clipper::reduce`]).
+    reduce: [[Lazy; Reduction::REDUCE_VARIANTS]; 6],
     scale: Lazy,
     clamp: Lazy,
 }
@@ -426,8 +426,10 @@ impl Inner {
     /// no lane takes under a lane mask, and with the tracked walk beside it
     /// a one-tensor set's per-tensor step cost 5-15% more on lavapipe (L2,
     /// no-clip, against a plain step: 1.11-1.15x with it, 1.04-1.06x
-    /// without). `fused`: the set has fused tensors (`FUSE`, for the same
-    /// reason only then).
+    /// without). `fused`: the set has fused tensors (`FUSE`), and
+    /// `fold_lists`: it needs the per-segment fold's lists (`FOLD_LISTS`,
+    /// always for general p, which tracks no segment); each for the same
+    /// reason only then. A set with fused tensors has shared chunks.
     pub fn reduce<'a>(
         &self,
         elem: &'a ElementPipelines,
@@ -435,19 +437,23 @@ impl Inner {
         per_tensor: bool,
         shared_chunks: bool,
         fused: bool,
+        fold_lists: bool,
     ) -> Result<&'a wgpu::ComputePipeline> {
         let module = (&shaders::element_modules(elem.path).0, &elem.reduce_module);
         let track = per_tensor && shared_chunks;
-        let fuse = per_tensor && fused;
-        let (index, entry) = match (per_tensor, track, fuse) {
-            (false, _, _) => (0, "reduce"),
-            (true, true, false) => (1, "reduce_tensors"),
-            (true, false, false) => (2, "reduce_tensors"),
-            (true, true, true) => (3, "reduce_tensors"),
-            (true, false, true) => (4, "reduce_tensors"),
+        let fuse = track && fused;
+        let lists = track && (fold_lists || r.kind() == 2);
+        let (index, entry) = match (per_tensor, track) {
+            (false, _) => (0, "reduce"),
+            (true, false) => (1, "reduce_tensors"),
+            (true, true) => (
+                2 + usize::from(fuse) + 2 * usize::from(lists),
+                "reduce_tensors",
+            ),
         };
         let cell = &elem.reduce[index][r.reduce_variant()];
-        self.lazy(cell, module, entry, Specialised::Reduce(r, track, fuse))
+        let overrides = Overrides { track, fuse, lists };
+        self.lazy(cell, module, entry, Specialised::Reduce(r, overrides))
     }
 
     /// The scale pipeline of `elem`'s path.
@@ -500,9 +506,17 @@ enum Specialised {
     No,
     /// A finalize-module pipeline: the `KIND` override.
     Kind(Reduction),
-    /// A reduce pipeline: `KIND`, and the reduce module's own `POWER`,
-    /// `TRACK` and `FUSE`.
-    Reduce(Reduction, bool, bool),
+    /// A reduce pipeline: `KIND`, and the reduce module's own `POWER` and
+    /// the rest.
+    Reduce(Reduction, Overrides),
+}
+
+/// The reduce module's boolean overrides: `TRACK`, `FUSE`, `FOLD_LISTS`.
+#[derive(Clone, Copy)]
+struct Overrides {
+    track: bool,
+    fuse: bool,
+    lists: bool,
 }
 
 /// The pipeline of `entry` in `module`, specialised through its overrides.
@@ -520,19 +534,21 @@ fn make_pipeline(
         (shaders::TEAM_OVERRIDE, team as f64),
     ];
     let mut label = format!("{} {entry}", module.name);
-    if let Specialised::Kind(r) | Specialised::Reduce(r, _, _) = specialised {
+    if let Specialised::Kind(r) | Specialised::Reduce(r, _) = specialised {
         constants.push((shaders::KIND_OVERRIDE, r.kind() as f64));
         label = format!("{label} {r:?}");
     }
-    if let Specialised::Reduce(r, track, fuse) = specialised {
+    if let Specialised::Reduce(r, o) = specialised {
         constants.push((shaders::POWER_OVERRIDE, r.power() as f64));
-        constants.push((shaders::TRACK_OVERRIDE, f64::from(u8::from(track))));
-        constants.push((shaders::FUSE_OVERRIDE, f64::from(u8::from(fuse))));
-        if track {
-            label = format!("{label} tracked");
-        }
-        if fuse {
-            label = format!("{label} fused");
+        for (name, on, what) in [
+            (shaders::TRACK_OVERRIDE, o.track, "tracked"),
+            (shaders::FUSE_OVERRIDE, o.fuse, "fused"),
+            (shaders::FOLD_LISTS_OVERRIDE, o.lists, "lists"),
+        ] {
+            constants.push((name, f64::from(u8::from(on))));
+            if on {
+                label = format!("{label} {what}");
+            }
         }
     }
     device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {

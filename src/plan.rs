@@ -445,6 +445,11 @@ pub(crate) struct Bound {
     /// The reduce's dispatch: one workgroup per flat chunk of the busiest
     /// window ([`grid`]).
     pub reduce_grid: [u32; 2],
+    /// Whether the reduce pass needs its per-segment fold's lists of
+    /// medium and long segments (WGSL `FOLD_LISTS`): some flat chunk of
+    /// several segments is not tracked ([`shaders::tracks_chunk`]). Not
+    /// for general p, which tracks none: the host keeps the lists there.
+    pub fold_lists: bool,
     /// Workgroups of the per-tensor statistics pass (invocations striding
     /// over the split tensors, `tensors_per_invocation` each where there
     /// are that many), for workgroups of `workgroup_size` invocations; none
@@ -462,6 +467,7 @@ impl Bound {
         limits: &wgpu::Limits,
         workgroup_size: u32,
         longest_chunk: u32,
+        team: u32,
         tensors_per_invocation: u32,
     ) -> Result<Self> {
         let chunk_elements = chunk_elements(layout.total_elements(), longest_chunk);
@@ -498,7 +504,20 @@ impl Bound {
         let segments = most(|w| w.chunk_end - w.chunk_begin);
         let flat = most(|w| w.flat_end - w.flat_begin);
         let cap = MAX_WORKGROUPS.min(limits.max_compute_workgroups_per_dimension);
+        let fold_lists = (0..plan.flat.len()).any(|k| {
+            let (first, end) = plan.flat_segments(k);
+            let segments = (end - first) as u32;
+            segments > 1
+                && !shaders::tracks_chunk(
+                    segments,
+                    plan.gap(k),
+                    workgroup_size,
+                    team,
+                    longest_chunk,
+                )
+        });
         Ok(Self {
+            fold_lists,
             chunk_elements,
             window_bytes,
             workgroups: segments.clamp(1, cap),
@@ -737,6 +756,21 @@ mod tests {
         let mut alone = super::plan(&layout, &packed(&layout), 64, 1 << 20, 16).unwrap();
         alone.fused_below = 11;
         assert!(alone.split_tensors().eq([0]));
+    }
+
+    #[test]
+    fn tracked_chunks_fit_the_slots_and_a_round() {
+        use crate::shaders::{tracks_chunk, CPU_TEAM, GPU_TEAM};
+        // CPU adapters: 32 invocations, a team of one each, 16-element
+        // blocks; GPUs: 256 invocations in teams of 8, 128-element blocks.
+        assert!(tracks_chunk(1505, 16, 32, CPU_TEAM, 131072));
+        assert!(!tracks_chunk(1506, 16, 32, CPU_TEAM, 131072));
+        assert!(!tracks_chunk(2, 15, 32, CPU_TEAM, 131072));
+        assert!(tracks_chunk(161, 128, 256, GPU_TEAM, 32768));
+        assert!(!tracks_chunk(162, 128, 256, GPU_TEAM, 32768));
+        assert!(!tracks_chunk(2, 127, 256, GPU_TEAM, 32768));
+        assert!(tracks_chunk(2, u32::MAX, 256, GPU_TEAM, 32768));
+        assert!(!tracks_chunk(1, u32::MAX, 32, CPU_TEAM, 131072));
     }
 
     fn packed(layout: &GradLayout) -> Vec<Placement> {

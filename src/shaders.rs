@@ -337,6 +337,34 @@ pub(crate) fn tiny_run(chunk: u32) -> u32 {
     TINY_RUN.max(chunk / MID_MAX)
 }
 
+/// Name of the reduce pass's pipeline-overridable constant that keeps the
+/// per-segment fold's lists of medium and long segments (off for sets
+/// whose every flat chunk of several segments is tracked:
+/// plan::Bound::fold_lists).
+pub const FOLD_LISTS_OVERRIDE: &str = "FOLD_LISTS";
+/// Words of the tracked walk's per-segment slots in workgroup memory
+/// (WGSL `SLOT_WORDS`).
+pub const SLOT_WORDS: u32 = 1536;
+/// Accumulators (loads in flight) of each invocation's walk (WGSL `LANES`).
+pub const LANES: u32 = 4;
+
+/// WGSL `tracks_segments` and `tracked_round` together, for a pipeline with
+/// `TRACK` on and an L2 or Inf reduction: whether `reduce_tensors` folds the
+/// segments of a flat chunk of `segments` of them, whose shortest inner one
+/// has `gap` elements (plan::Plan::gap), in its flat walk, on a device with
+/// these overrides.
+pub(crate) fn tracks_chunk(
+    segments: u32,
+    gap: u32,
+    workgroup_size: u32,
+    team: u32,
+    chunk: u32,
+) -> bool {
+    segments > 1
+        && segments + workgroup_size / team - 1 <= SLOT_WORDS / team
+        && gap.min(chunk) / (4 * LANES * team) != 0
+}
+
 /// Name of the pipeline-overridable constant that sets how many
 /// neighbouring invocations read each contiguous piece of a run in turns
 /// (`TEAM` in common.wgsl, which has no default: every pipeline of a
@@ -354,7 +382,7 @@ pub const CPU_TEAM: u32 = 1;
 /// segments with their counters (128 + 1024 + 4 words) and the tracked
 /// walk's slots (1536 words). The test suite reads the real
 /// figure from the shader with naga.
-pub const REDUCE_WORKGROUP_FIXED_BYTES: u32 = 4 * (128 + 1024 + 4 + 1536);
+pub const REDUCE_WORKGROUP_FIXED_BYTES: u32 = 4 * (128 + MID_MAX + 4 + SLOT_WORDS);
 /// Workgroup memory of the reduce pass per invocation, in bytes: the
 /// fold's `vec3<f32>` (a 16-byte stride) and `u32`.
 pub const REDUCE_WORKGROUP_BYTES_PER_INVOCATION: u32 = 16 + 4;

@@ -52,6 +52,9 @@ pub(super) struct Bindings {
     /// Whether the reduce pass gives some tensors their results itself
     /// (plan::Plan::fused).
     pub fused: bool,
+    /// Whether the reduce pass needs its lists of medium and long segments
+    /// (plan::Bound::fold_lists).
+    pub fold_lists: bool,
     /// Grid-stride workgroups over segments (the per-tensor scale walk).
     pub tensor_workgroups: u32,
     /// Workgroups of the per-tensor statistics pass.
@@ -123,6 +126,7 @@ impl Bindings {
         self.reduce_grid = bound.reduce_grid;
         self.shared_chunks = bound.plan.shared_chunks();
         self.fused = bound.plan.fused_below != 0;
+        self.fold_lists = bound.fold_lists;
         self.tensor_workgroups = bound.workgroups;
         self.tensor_stat_workgroups = bound.tensor_stat_workgroups;
         self.buffers = placed.buffers.iter().map(|b| (*b).clone()).collect();
@@ -504,6 +508,7 @@ fn bindings(
         reduce_grid: bound.reduce_grid,
         shared_chunks: bound.plan.shared_chunks(),
         fused: bound.plan.fused_below != 0,
+        fold_lists: bound.fold_lists,
         tensor_workgroups: bound.workgroups,
         tensor_stat_workgroups: bound.tensor_stat_workgroups,
         buffers: placed.buffers.iter().map(|b| (*b).clone()).collect(),
@@ -528,6 +533,7 @@ impl GradSet {
             &device.limits(),
             inner.workgroup_size,
             inner.chunk_elements,
+            inner.team,
             inner.tensors_per_invocation,
         )?;
 
@@ -652,6 +658,7 @@ impl GradSet {
             &self.inner.device.limits(),
             self.inner.workgroup_size,
             self.inner.chunk_elements,
+            self.inner.team,
             self.inner.tensors_per_invocation,
         )?;
         let stride = uniform_stride(&self.inner.device);

@@ -520,6 +520,7 @@ impl GradSet {
                 per_tensor(config),
                 self.bound.shared_chunks,
                 self.bound.fused,
+                self.bound.fold_lists,
             )?;
         }
         if per_tensor(config) {
@@ -576,6 +577,7 @@ impl GradSet {
                     per_tensor(config),
                     self.bound.shared_chunks,
                     self.bound.fused,
+                    self.bound.fold_lists,
                 )?);
                 pass.set_bind_group(0, bind_group, &[]);
                 pass.dispatch_workgroups(x, y, 1);

@@ -221,6 +221,35 @@ fn fused_tensors_match_float64() {
 }
 
 #[test]
+fn tracked_segments_a_fast_path_declines_are_folded_exactly() {
+    // 40 tensors of 200 to 299 elements make one flat chunk whose every
+    // segment the reduce pass folds in its flat walk, on GPUs and CPU
+    // adapters alike, so the pipeline has no lists of long segments
+    // (FOLD_LISTS off): the segments whose tracked sum a fast path cannot
+    // keep (an inf, squares that overflow or underflow f32) are folded
+    // again by exact_quads in the invocation that met them.
+    let sizes: Vec<usize> = (0..40).map(|i| 200 + (i * 7919) % 100).collect();
+    let mut data = values(sizes.iter().sum(), 13);
+    let start = |t: usize| sizes[..t].iter().sum::<usize>();
+    data[start(5) + 150] = f32::INFINITY;
+    for x in &mut data[start(9)..start(10)] {
+        *x *= 1e30;
+    }
+    for x in &mut data[start(13)..start(14)] {
+        *x *= 1e-30;
+    }
+    for order in [Order::L2, Order::Inf] {
+        let clip = ClipNorm::new(1.0).norm(order.to_norm()).tensor_norms(true);
+        let (report, _) = run_clip(&data, &sizes, |set, enc| set.clip_norm(enc, &clip));
+        let report = report.unwrap();
+        assert!(report.nonfinite && report.tensor_norms[5].is_infinite());
+        let what = format!("{order:?}, tracked segments with extreme elements");
+        reference::assert_tensor_norms(&report.tensor_norms, &data, &sizes, order, 1e-5, &what);
+    }
+    assert_no_wgpu_errors();
+}
+
+#[test]
 fn per_tensor_no_clip_step_scales_nothing() {
     let data = values(SIZES.iter().sum(), 3);
     let clip = ClipNorm::new(1e30).per_tensor(true);

@@ -7,9 +7,10 @@
 use gradclip::records;
 use gradclip::shaders::{
     PassModule, ADAPTIVE, ADAPTIVE_ADAGC, ADAPTIVE_AGC, AGC_DTYPE_OVERRIDE, AGC_WORKGROUP_SIZE,
-    CHUNK_OVERRIDE, CPU_TEAM, FINALIZE, GPU_TEAM, KIND_OVERRIDE, MAX_POWER, MID_MAX, MODULES,
-    POWER_OVERRIDE, REDUCE, REDUCE_WORKGROUP_BYTES_PER_INVOCATION, REDUCE_WORKGROUP_FIXED_BYTES,
-    TEAM_OVERRIDE, TENSOR_STAT_BLOCK, TINY_RUN, WORKGROUP_SIZE_OVERRIDE,
+    CHUNK_OVERRIDE, CPU_TEAM, FINALIZE, GPU_TEAM, KIND_OVERRIDE, LANES, MAX_POWER, MID_MAX,
+    MODULES, POWER_OVERRIDE, REDUCE, REDUCE_WORKGROUP_BYTES_PER_INVOCATION,
+    REDUCE_WORKGROUP_FIXED_BYTES, SLOT_WORDS, TEAM_OVERRIDE, TENSOR_STAT_BLOCK, TINY_RUN,
+    WORKGROUP_SIZE_OVERRIDE,
 };
 
 /// The adaptive methods' modules: no overrides, each with its own layout.
@@ -490,10 +491,14 @@ fn tensor_stat_block_is_the_hosts() {
 /// (plan::Plan::fused) by the reduce pass's tiny run, from the same
 /// constants.
 #[test]
-fn tiny_run_is_the_hosts() {
+fn tiny_run_and_tracking_are_the_hosts() {
     let (module, _) = parse(&REDUCE);
     assert_eq!(u32_constant(&module, "TINY_RUN"), TINY_RUN);
     assert_eq!(u32_constant(&module, "MID_MAX"), MID_MAX);
+    // And which chunks the tracked walk takes (shaders::tracks_chunk, for
+    // the pipelines' FOLD_LISTS), from the tracked walk's constants.
+    assert_eq!(u32_constant(&module, "SLOT_WORDS"), SLOT_WORDS);
+    assert_eq!(u32_constant(&module, "LANES"), LANES);
 }
 
 #[test]
