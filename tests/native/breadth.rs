@@ -66,7 +66,7 @@ fn per_tensor_norms_are_reported_and_named() {
 
 #[test]
 fn per_tensor_clipping_matches_clip_by_norm() {
-    let mut data = values(SIZES.iter().sum(), 2);
+    let data = values(SIZES.iter().sum(), 2);
     for tensorflow in [false, true] {
         for order in [Order::L2, Order::Inf, Order::P(1.5)] {
             let max_norm = 2.0f32;
@@ -98,20 +98,49 @@ fn per_tensor_clipping_matches_clip_by_norm() {
             );
         }
     }
-    // A tensor with an inf: its own elements follow PyTorch, the others are clipped normally.
-    data[3000 + 17 + 5] = f32::INFINITY;
-    let clip = ClipNorm::new(2.0).per_tensor(true);
-    let (report, after) = run_clip(&data, &SIZES, |set, enc| set.clip_norm(enc, &clip));
+    check_inf_tensor(
+        &data,
+        &SIZES,
+        (3, 5),
+        0,
+        2.0,
+        "finite tensor beside an inf one",
+    );
+}
+
+/// Clips `data` per tensor to `max_norm` with an inf at element `at.1` of
+/// tensor `at.0`: that tensor's norm is inf and its elements follow
+/// PyTorch (NaN for the inf, zero for the others); the finite tensor
+/// `beside` is clipped by its own norm.
+fn check_inf_tensor(
+    data: &[f32],
+    sizes: &[usize],
+    at: (usize, usize),
+    beside: usize,
+    max_norm: f32,
+    what: &str,
+) {
+    let mut data = data.to_vec();
+    data[sizes[..at.0].iter().sum::<usize>() + at.1] = f32::INFINITY;
+    let clip = ClipNorm::new(max_norm).per_tensor(true);
+    let (report, after) = run_clip(&data, sizes, |set, enc| set.clip_norm(enc, &clip));
     let report = report.unwrap();
-    assert!(report.nonfinite && report.tensor_norms[3].is_infinite());
-    let parts = split(&after, &SIZES);
-    assert!(parts[3]
-        .iter()
-        .enumerate()
-        .all(|(j, &g)| if j == 5 { g.is_nan() } else { g == 0.0 }));
-    let first = &split(&data, &SIZES)[0];
-    let want = reference::torch_clipped(first, reference::norm(first, Order::L2), 2.0);
-    assert_close(&parts[0], &want, 1e-5, "finite tensor beside an inf one");
+    assert!(
+        report.nonfinite && report.tensor_norms[at.0].is_infinite(),
+        "{what}"
+    );
+    let parts = split(&after, sizes);
+    assert!(
+        parts[at.0]
+            .iter()
+            .enumerate()
+            .all(|(j, &g)| if j == at.1 { g.is_nan() } else { g == 0.0 }),
+        "{what}"
+    );
+    let finite = &split(&data, sizes)[beside];
+    let want =
+        reference::torch_clipped(finite, reference::norm(finite, Order::L2), max_norm as f64);
+    assert_close(&parts[beside], &want, 1e-5, what);
 }
 
 /// Each tensor's float64 norm under `order`, and the gradients after
@@ -200,23 +229,15 @@ fn fused_tensors_match_float64() {
     assert!(report.unwrap().tensor_norms[5] > 1.0);
     let (_, want) = per_tensor_reference(&small, &sizes, Order::L2, 1.0, false);
     assert_close(&after, &want, 1e-5, "one fused tensor clips");
-    // An inf in tensor 7 (8 elements): its norm is inf and its elements
-    // follow PyTorch; tensor 8 beside it is clipped by its own norm.
-    let mut bad = data.clone();
-    let start: usize = sizes[..7].iter().sum();
-    bad[start + 3] = f32::INFINITY;
-    let clip = ClipNorm::new(0.5).per_tensor(true);
-    let (report, after) = run_clip(&bad, &sizes, |set, enc| set.clip_norm(enc, &clip));
-    let report = report.unwrap();
-    assert!(report.nonfinite && report.tensor_norms[7].is_infinite());
-    let parts = split(&after, &sizes);
-    assert!(parts[7]
-        .iter()
-        .enumerate()
-        .all(|(j, &g)| if j == 3 { g.is_nan() } else { g == 0.0 }));
-    let eighth = &split(&bad, &sizes)[8];
-    let want = reference::torch_clipped(eighth, reference::norm(eighth, Order::L2), 0.5);
-    assert_close(&parts[8], &want, 1e-5, "a fused tensor beside an inf one");
+    // An inf in tensor 7 (8 elements), fused; tensor 8 beside it too.
+    check_inf_tensor(
+        &data,
+        &sizes,
+        (7, 3),
+        8,
+        0.5,
+        "a fused tensor beside an inf one",
+    );
     assert_no_wgpu_errors();
 }
 
