@@ -925,14 +925,17 @@ override FUSE: bool = false;
 // Whether the per-segment fold has its lists of medium and long segments
 // (folded one per invocation and by the whole workgroup). The host turns
 // them off for a set whose every flat chunk of several segments is
-// tracked (plan::Bound::fold_lists, with a mirror of tracks_segments and
-// tracked_round), where only the segments whose tracked sum a fast path
-// would not keep (a non-finite or extreme element) are folded again: by
-// exact_quads in the invocation that met them, slower for a long segment
-// but the same bits. The lists' code costs CPU drivers a masked pass per
-// workgroup even when they are empty: 10 000 tensors of 1 000 elements on
-// lavapipe (10^7 elements, no-clip), tensor_norms / plain step 1.24-1.26
-// with them, 1.14-1.15 without (L2; Inf 1.22-1.24 and 1.16-1.17).
+// tracked or holds only segments shorter than tiny_run()
+// (plan::Bound::fold_lists, with a mirror of tracks_segments and
+// tracked_round). There the lists would only take the tracked segments
+// whose sum a fast path would not keep (a non-finite or extreme element);
+// without them exact_quads folds those in the invocation that met them:
+// slower for a long segment, as exact. The lists' code costs CPU drivers
+// a masked pass per workgroup even when they are empty: 10 000 tensors of
+// 1 000 elements on lavapipe (10^7 elements, no-clip), tensor_norms /
+// plain step 1.24-1.26 with them, 1.14-1.15 without (L2; Inf 1.22-1.24 and
+// 1.16-1.17); 200 000 one-element tensors, reduce_tensors 1.67 and 1.56 ms
+// (L2; Inf 1.58 and 1.44).
 override FOLD_LISTS: bool = true;
 
 // Whether the first and the last of a flat chunk's segments segs are whole
@@ -954,12 +957,12 @@ fn is_fused(s: u32, sg: Chunk, segs: vec2<u32>, ends: vec2<bool>) -> bool {
 // Segment s's partial q, published: a fused tensor gets its norm and
 // factor here when plain_clip takes it (200 000 one-element tensors on
 // lavapipe, L2 no-clip: reduce_tensors 1.46 ms and tensor_stats 1.59
-// storing every partial, 1.69 ms and none fused);
-// any other segment stores q in partials[s], for tensor_stats or,
-// returning true (a fused tensor that plain_clip declines), for the
-// caller's clip_of (publish_general) after its loop: CPU drivers run a
-// branch's body under a lane mask whether or not a lane takes it, so
-// clip_of inside the loop over segments would cost every segment its price.
+// storing every partial, 1.69 ms and none fused); any other segment
+// stores q in partials[s], for tensor_stats or, returning true (a fused
+// tensor that plain_clip declines), for the caller's clip_of
+// (publish_general) after its loop: CPU drivers run a branch's body under
+// a lane mask whether or not a lane takes it, so clip_of inside the loop
+// over segments would cost every segment its price.
 fn publish(s: u32, tensor: u32, q: Partial, fused: bool, sc: StatScale, clipped: ptr<function, bool>) -> bool {
     if fused {
         let pc = plain_clip(q, sc.unscaling);

@@ -447,8 +447,10 @@ pub(crate) struct Bound {
     pub reduce_grid: [u32; 2],
     /// Whether the reduce pass needs its per-segment fold's lists of
     /// medium and long segments (WGSL `FOLD_LISTS`): some flat chunk of
-    /// several segments is not tracked ([`shaders::tracks_chunk`]). Not
-    /// for general p, which tracks none: the host keeps the lists there.
+    /// several segments is not tracked ([`shaders::tracks_chunk`]) and
+    /// holds a segment of at least `tiny_run` elements (the element-wise
+    /// fold takes the shorter ones). Not for general p, which tracks none:
+    /// the host keeps the lists there.
     pub fold_lists: bool,
     /// Workgroups of the per-tensor statistics pass (invocations striding
     /// over the split tensors, `tensors_per_invocation` each where there
@@ -515,6 +517,7 @@ impl Bound {
                     team,
                     longest_chunk,
                 )
+                && plan.chunks[first..end].iter().any(|c| c.len >= below)
         });
         Ok(Self {
             fold_lists,
