@@ -109,6 +109,21 @@ fn update_scale(st: ptr<function, ClipState>, found_inf: bool) {
     }
 }
 
+// Writes this clip's entry of the report log, unless its slot holds a
+// newer step. Steps are numbered when they are recorded, and threads may
+// submit their encoders in any order, so a step can run after a newer one
+// of its slot (LOG_LEN steps on): it is then the one lost, which the host
+// counts as dropped, instead of hiding the newer step from every read.
+// Step numbers are the low 32 bits of the host's, compared modulo 2^32; 0
+// is a slot never written.
+fn write_log(e: LogEntry) {
+    let i = cfg.step % LOG_LEN;
+    let held = stats.log[i].state.step;
+    if held == 0u || i32(cfg.step - held) >= 0 {
+        stats.log[i] = e;
+    }
+}
+
 // Writes stats.state and the step's log entry for the total `q`; when
 // unscaling, also decides found_inf and applies GradScaler's update to the
 // loss scale.
@@ -130,7 +145,7 @@ fn finish(q: Partial, kind: u32, per_tensor_clips: bool) {
         st.unscaled_by = 1.0;
         st.dispatch = array<u32, 3>(0u, 1u, 1u);
         stats.state = st;
-        stats.log[cfg.step % LOG_LEN] = LogEntry(st, q);
+        write_log(LogEntry(st, q));
         return;
     }
     let unscaling = (cfg.flags & CFG_UNSCALE) != 0u;
@@ -170,7 +185,7 @@ fn finish(q: Partial, kind: u32, per_tensor_clips: bool) {
     }
     st.dispatch = array<u32, 3>(select(0u, stride_workgroups(), scale), 1u, 1u);
     stats.state = st;
-    stats.log[cfg.step % LOG_LEN] = LogEntry(st, q);
+    write_log(LogEntry(st, q));
 }
 
 // finalize — reads: partials of all_chunks() from the reduce pass, cfg,

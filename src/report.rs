@@ -8,6 +8,9 @@
 //! by step number. So reports never stall a step, a step that never ran
 //! (encoder dropped, submission rejected) never makes a report, and a step
 //! whose log entry was overwritten before any read is counted as dropped.
+//! Threads may submit steps out of the order they recorded them in: a step
+//! that runs after a newer step of its log slot leaves that entry alone
+//! (finalize's `write_log`) and is the one counted as dropped.
 
 use std::future::Future;
 use std::sync::Arc;

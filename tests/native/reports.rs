@@ -97,6 +97,28 @@ fn unread_steps_beyond_the_log_are_counted_as_dropped() {
 }
 
 #[test]
+fn a_step_run_after_a_newer_one_of_its_log_slot_is_counted() {
+    // Steps are numbered when recorded, and threads submit in any order:
+    // step 1 runs after steps 2 to LOG_LEN + 1, the last of which has its
+    // log slot. One of the two reports is lost, and counted as dropped.
+    let g = gpu();
+    let (_buffer, set) = set_on(g, &[3.0, 4.0], &[2]);
+    let log = gradclip::records::LOG_LEN;
+    let mut first = g.device.create_command_encoder(&Default::default());
+    set.clip_norm(&mut first, &ClipNorm::new(10.0)).unwrap();
+    for _ in 0..log {
+        step(g, &set, 10.0);
+    }
+    g.queue.submit([first.finish()]);
+    let latest = pollster::block_on(set.read_report()).unwrap();
+    assert_eq!(latest.step, log + 1);
+    let taken = pollster::block_on(set.take_reports()).unwrap();
+    assert_eq!(steps_of(&taken), (2..=log + 1).collect::<Vec<u64>>());
+    assert_eq!(taken.dropped, 1);
+    assert_no_wgpu_errors();
+}
+
+#[test]
 fn a_rejected_submission_makes_no_report() {
     // The gradient buffer destroyed between record and submit (a mapped one
     // is refused when recording; see tests/native/misuse.rs).
