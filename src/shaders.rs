@@ -69,7 +69,8 @@ const PACKED16_BF16: (&str, &str) = (
 const REDUCE_ENTRY_POINTS: &[&str] = &["reduce", "reduce_tensors"];
 const SCALE_ENTRY_POINTS: &[&str] = &["scale", "clamp_values"];
 
-/// Reduce: per-chunk partial norms (f32 gradients).
+/// Reduce: per-chunk partial norms, and the per-tensor results of fused
+/// tensors (f32 gradients).
 pub const REDUCE: PassModule = PassModule {
     name: "gradclip reduce",
     files: &[
@@ -87,7 +88,8 @@ pub const REDUCE: PassModule = PassModule {
 
 /// Finalize: total norm, clip factor, scale dispatch, loss-scale update,
 /// report log; finish_supplied: the same from a supplied total;
-/// tensor_stats: per-tensor norms and factors, spread over the device.
+/// tensor_stats: the per-tensor norms and factors of the tensors the
+/// reduce pass does not fuse, spread over the device.
 pub const FINALIZE: PassModule = PassModule {
     name: "gradclip finalize",
     files: &[
@@ -319,11 +321,13 @@ pub const POWER_OVERRIDE: &str = "POWER";
 /// no tensor boundary, which have no use for the tracked walk's code).
 pub const TRACK_OVERRIDE: &str = "TRACK";
 /// Name of the reduce pass's pipeline-overridable constant that lets
-/// `reduce_tensors` give fused tensors ([`tiny_run`]) their norms and
-/// factors itself (set for sets that have any: plan::Plan::fused).
+/// `reduce_tensors` give fused tensors (whole tensors shorter than the
+/// element-wise fold's run, in a flat chunk of several segments) their
+/// norms and factors itself (set for sets that have any: plan::Plan::fused).
 pub const FUSE_OVERRIDE: &str = "FUSE";
-/// Segments shorter than this (at least; [`tiny_run`]) are folded element
-/// by element in the reduce pass (WGSL `TINY_RUN`).
+/// The reduce pass folds segments shorter than this element by element
+/// (WGSL `TINY_RUN`; `CHUNK / MID_MAX` where that is more: 128 elements in
+/// CPU adapters' long chunks).
 pub const TINY_RUN: u32 = 32;
 /// The most medium segments a flat chunk's list holds in the reduce pass
 /// (WGSL `MID_MAX`).

@@ -552,7 +552,8 @@ impl GradSet {
     /// The reduce dispatches (one per window) and the finalize dispatch;
     /// timestamps 0, 1 (inside the pass, where the device can) and 2. A
     /// config that asks for per-tensor results takes the `reduce_tensors`
-    /// entry point and the per-tensor statistics pass, any other `reduce`.
+    /// entry point and the per-tensor statistics pass (where some tensor is
+    /// not fused), any other `reduce`.
     fn encode_norm(
         &self,
         encoder: &mut wgpu::CommandEncoder,
