@@ -235,7 +235,7 @@ fn chunk_gap(c: u32) -> u32 {
 // Entry k of the split list: a tensor whose norm and factor tensor_stats
 // folds from its segments' partials, any but a fused one (the reduce pass
 // gives those theirs: reduce.wgsl's FUSE). Where none is fused the table
-// holds no list, and entry k is tensor k: plan::Plan::split_tensors.
+// holds no list, and entry k is tensor k: plan::Plan::split.
 fn split_tensor(k: u32) -> u32 {
     if win.split_count == win.tensor_count {
         return k;

@@ -48,8 +48,8 @@ fn tensor_partial(i: u32) -> Partial {
 }
 
 // tensor_stats — reads: the partials of the segments of the tensors that
-// are not one segment (the plan's split list; the reduce pass stored the
-// others' results itself), the plan's per-tensor ranges, cfg,
+// are not fused (split_tensor; the reduce pass stored the others' results
+// itself), the plan's per-tensor ranges, cfg,
 // stats.state's loss scale (before finalize updates it). Writes:
 // stats.tensors of those tensors (norm and factor), and
 // stats.tensors_clipped = cfg.step when some factor is not 1.

@@ -912,7 +912,7 @@ var<workgroup> mid_list: array<u32, MID_MAX>;
 // Whether the reduce pass gives the tensors that are one tiny segment
 // (fewer than tiny_run() elements) of a flat chunk of several segments
 // their norms and factors itself, where it folds that segment, instead of
-// storing its partial for tensor_stats: plan::Plan::fused, which leaves
+// storing its partial for tensor_stats: plan::Plan::fuse, which leaves
 // those tensors out of the split list. The host sets it for a set that
 // has such tensors. Off, the pipeline has none of that code: CPU drivers
 // run a branch no lane takes under a lane mask, once per workgroup at
@@ -949,7 +949,7 @@ fn whole_ends(segs: vec2<u32>) -> vec2<bool> {
 
 // Whether segment sg (index s) of a flat chunk of several segments segs
 // is a fused tensor (FUSE): a whole tensor of fewer than tiny_run()
-// elements, exactly as plan::Plan::fused picks them.
+// elements, exactly as plan::Plan::fused_with picks them.
 fn is_fused(s: u32, sg: Chunk, segs: vec2<u32>, ends: vec2<bool>) -> bool {
     return FUSE && sg.len < tiny_run() && (s != segs.x || ends.x) && (s + 1u != segs.y || ends.y);
 }

@@ -257,9 +257,14 @@ pub(crate) struct Plan {
     pub windows: Vec<Window>,
     pub tensor_chunks: Vec<(u32, u32)>,
     /// Tensors shorter than this that are one segment of a flat chunk of
-    /// several get their results from the reduce pass ([`fused`](Self::fused));
-    /// 0 where none does. Set by [`Bound::new`].
+    /// several get their results from the reduce pass; 0 where none does.
+    /// Set with `split` by [`fuse`](Self::fuse).
     pub fused_below: u32,
+    /// The split list: every tensor that is not fused, in order, whose
+    /// norm and factor the statistics pass folds from its segments'
+    /// partials (WGSL `split_tensor`). Empty where no tensor is fused: the
+    /// pass then takes tensor k as its k-th.
+    pub split: Vec<u32>,
 }
 
 /// Cuts a window's pieces (each one tensor's elements, in increasing
@@ -426,6 +431,7 @@ pub(crate) fn plan(
         windows,
         tensor_chunks,
         fused_below: 0,
+        split: Vec::new(),
     })
 }
 
@@ -455,7 +461,7 @@ pub(crate) struct Bound {
     /// Workgroups of the per-tensor statistics pass (invocations striding
     /// over the split tensors, `tensors_per_invocation` each where there
     /// are that many), for workgroups of `workgroup_size` invocations; none
-    /// where every tensor is one segment.
+    /// where every tensor is fused.
     pub tensor_stat_workgroups: u32,
 }
 
@@ -485,9 +491,7 @@ impl Bound {
             align,
         )?;
         let below = shaders::tiny_run(longest_chunk);
-        if plan.fused_with(below).any(|f| f) {
-            plan.fused_below = below;
-        }
+        plan.fuse(below);
         too_large("plan table bytes", 4 * plan.table_words_len(), max_binding)?;
         too_large(
             "partials bytes",
@@ -558,7 +562,7 @@ impl Plan {
         3 * self.partials_len()
             + 2 * self.tensor_chunks.len() as u64
             + self.flat.len() as u64
-            + self.split_words()
+            + self.split.len() as u64
     }
 
     /// Word index of the per-tensor partial ranges in the table.
@@ -587,8 +591,8 @@ impl Plan {
     /// Whether each tensor would be fused for `below`: one segment, of
     /// fewer than `below` elements, of a flat chunk of several segments
     /// (the reduce pass folds such a segment by itself, where a tensor's
-    /// norm and factor cost little more than its partial).
-    fn fused_with(&self, below: u32) -> impl Iterator<Item = bool> + '_ {
+    /// norm and factor cost little more than its partial; WGSL `is_fused`).
+    fn fused_with(&self, below: u32) -> Vec<bool> {
         let mut fused = vec![false; self.tensor_chunks.len()];
         for k in 0..self.flat.len() {
             let (first, end) = self.flat_segments(k);
@@ -602,15 +606,23 @@ impl Plan {
                 }
             }
         }
-        fused.into_iter()
+        fused
     }
 
-    /// Whether each tensor gets its norm and factor from the reduce pass
-    /// (WGSL `is_fused`, with the `FUSE` override set where any does);
-    /// the statistics pass folds every other tensor's from its segments'
-    /// partials.
-    pub fn fused(&self) -> impl Iterator<Item = bool> + '_ {
-        self.fused_with(self.fused_below)
+    /// Fuses the tensors [`fused_with`](Self::fused_with) `below` picks, if
+    /// any: sets `fused_below` (the `FUSE` override goes with it) and the
+    /// split list of the others; none fused, neither.
+    pub fn fuse(&mut self, below: u32) {
+        let fused = self.fused_with(below);
+        if fused.contains(&true) {
+            self.fused_below = below;
+            self.split = (0..fused.len() as u32)
+                .filter(|&t| !fused[t as usize])
+                .collect();
+        } else {
+            self.fused_below = 0;
+            self.split.clear();
+        }
     }
 
     /// Flat chunk k's segments, as [begin, end) indices of `chunks`.
@@ -623,28 +635,13 @@ impl Plan {
         (first, end)
     }
 
-    /// The tensors of the statistics pass, the split list: every tensor
-    /// that is not fused. Where none is, the table holds no list and the
-    /// pass takes tensor k as its k-th (WGSL `split_tensor`).
-    pub fn split_tensors(&self) -> impl Iterator<Item = u32> + '_ {
-        self.fused()
-            .enumerate()
-            .filter(|&(_, f)| !f)
-            .map(|(t, _)| t as u32)
-    }
-
-    /// Tensors of [`split_tensors`](Self::split_tensors).
+    /// Tensors of the statistics pass: the split list's, or every tensor
+    /// where none is fused.
     pub fn split_count(&self) -> u32 {
-        self.split_tensors().count() as u32
-    }
-
-    /// Words of the split list in the table: none where it would list
-    /// every tensor in order.
-    fn split_words(&self) -> u64 {
         if self.fused_below == 0 {
-            0
+            self.tensor_chunks.len() as u32
         } else {
-            self.split_count() as u64
+            self.split.len() as u32
         }
     }
 
@@ -661,9 +658,7 @@ impl Plan {
             words.extend_from_slice(&[begin, end]);
         }
         words.extend((0..self.flat.len()).map(|k| self.gap(k)));
-        if self.fused_below != 0 {
-            words.extend(self.split_tensors());
-        }
+        words.extend(&self.split);
         if words.is_empty() {
             words.push(0);
         }
@@ -737,28 +732,32 @@ mod tests {
         // tensor 2 is empty, 5 and 6 cross chunk ends.
         let layout = GradLayout::from_sizes(&[10, 50, 0, 20, 5, 100, 30]).unwrap();
         let mut plan = plan(&layout, &packed(&layout), 64, 1 << 20, 16).unwrap();
-        assert!(plan.fused().all(|f| !f));
-        assert!(plan.split_tensors().eq(0..7));
+        assert_eq!((plan.fused_below, plan.split_count()), (0, 7));
+        assert!(plan.split.is_empty());
         assert_eq!(plan.table_words().len() as u64, plan.table_words_len());
-        plan.fused_below = 11;
-        let fused: Vec<bool> = plan.fused().collect();
+        plan.fuse(11);
+        let fused = plan.fused_with(11);
         assert_eq!(fused, [true, false, false, false, true, false, false]);
-        let split: Vec<u32> = plan.split_tensors().collect();
-        assert_eq!(split, [1, 2, 3, 5, 6]);
+        assert_eq!((plan.fused_below, plan.split_count()), (11, 5));
+        assert_eq!(plan.split, [1, 2, 3, 5, 6]);
         let words = plan.table_words();
         assert_eq!(words.len() as u64, plan.table_words_len());
         assert_eq!(
             &words[plan.gaps_at() as usize + plan.flat.len()..],
-            &split[..]
+            &plan.split[..]
         );
-        plan.fused_below = 51;
-        assert!(plan.split_tensors().eq([2, 3, 5, 6]));
+        plan.fuse(51);
+        assert_eq!(plan.split, [2, 3, 5, 6]);
+        // Nothing below 5 elements: nothing fused, no list.
+        plan.fuse(5);
+        assert_eq!((plan.fused_below, plan.split_count()), (0, 7));
+        assert!(plan.split.is_empty());
         // A tensor alone in its flat chunk keeps its partial: the reduce
         // pass stores a one-segment chunk's own.
         let layout = GradLayout::from_sizes(&[5]).unwrap();
         let mut alone = super::plan(&layout, &packed(&layout), 64, 1 << 20, 16).unwrap();
-        alone.fused_below = 11;
-        assert!(alone.split_tensors().eq([0]));
+        alone.fuse(11);
+        assert_eq!((alone.fused_below, alone.split_count()), (0, 1));
     }
 
     #[test]

@@ -55,7 +55,7 @@ pub struct WindowInfo {
     pub gaps_at: u32,
     /// Tensors of the statistics pass: those of the plan table's split list
     /// (after the gaps), or every tensor where the list is not there
-    /// (`Plan::split_tensors`).
+    /// (`Plan::split`).
     pub split_count: u32,
 }
 

@@ -323,7 +323,7 @@ pub const TRACK_OVERRIDE: &str = "TRACK";
 /// Name of the reduce pass's pipeline-overridable constant that lets
 /// `reduce_tensors` give fused tensors (whole tensors shorter than the
 /// element-wise fold's run, in a flat chunk of several segments) their
-/// norms and factors itself (set for sets that have any: plan::Plan::fused).
+/// norms and factors itself (set for sets that have any: plan::Plan::fuse).
 pub const FUSE_OVERRIDE: &str = "FUSE";
 /// The reduce pass folds segments shorter than this element by element
 /// (WGSL `TINY_RUN`; `CHUNK / MID_MAX` where that is more: 128 elements in

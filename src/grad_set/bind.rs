@@ -50,7 +50,7 @@ pub(super) struct Bindings {
     /// inside it): the per-tensor reduce has segments to track only then.
     pub shared_chunks: bool,
     /// Whether the reduce pass gives some tensors their results itself
-    /// (plan::Plan::fused).
+    /// (plan::Plan::fuse).
     pub fused: bool,
     /// Whether the reduce pass needs its lists of medium and long segments
     /// (plan::Bound::fold_lists).

@@ -596,8 +596,8 @@ impl GradSet {
         }
         pass.set_bind_group(0, &self.bound.bind_groups[0], &[]);
         if per_tensor(config) && self.bound.tensor_stat_workgroups > 0 {
-            // The norm and factor of each tensor that is not one segment
-            // (the reduce gave the others theirs), spread over the device;
+            // The norm and factor of each tensor that is not fused (the
+            // reduce gave the others theirs), spread over the device;
             // finalize (one workgroup) then only learns whether any factor
             // is not 1.
             pass.set_pipeline(self.inner.tensor_stats(reduction)?);
