@@ -340,11 +340,12 @@ fn p_log_ratio(b: PRef, r: PRef, p: f32) -> f32 {
 }
 
 // How far a general p-sum's terms may grow past its reference, as log2:
-// the reference moves up to the running maximum when that one's term
-// would pass 2^P_REF_SPAN, and the sums are rescaled then. No term or sum
-// overflows (the largest sum is 2^17 elements of 2^32), and a rescale's
-// rounding is lost: what it scales (at most 2^17 terms of at most 1) is
-// under 2^-15 of the new maximum's own term.
+// the reference moves up to the running maximum when an element passes
+// p_limit, about 2^(P_REF_SPAN / p) times the reference, and the sums are
+// rescaled then. No term or sum overflows (the largest sum is 2^17
+// elements of about 2^32), and a rescale's rounding is lost: what it
+// scales (at most 2^17 terms of at most about 1) is under 2^-15 of the new
+// maximum's own term.
 const P_REF_SPAN: f32 = 32.0;
 
 // A general p-sum's reference for running maximum `top`, from the old one
@@ -362,6 +363,20 @@ fn p_step(top: u32, r: PRef, p: f32) -> PStep {
     let moves = d > P_REF_SPAN;
     let to = PRef(select(r.bits, t.bits, moves), select(r.log2_m, t.log2_m, moves), select(r.e, t.e, moves));
     return PStep(to, select(1.0, exp2(-d), moves));
+}
+
+// The largest |g| bits whose term relative to r stays within about
+// 2^P_REF_SPAN: r * 2^(P_REF_SPAN / p), rounded down to r's own bits where
+// that is subnormal (r's neighbourhood then moves the reference at every
+// rise, which costs time, never accuracy) and to f32::MAX past the normal
+// range. Never below r, so every move raises the reference.
+fn p_limit(r: PRef, p: f32) -> u32 {
+    let l = (f32(r.e) + r.log2_m) + P_REF_SPAN / p;
+    let f = floor(l);
+    let e = i32(clamp(f, -127.0, 128.0));
+    let bits = (u32(clamp(e + 127, 1, 254)) << 23u) | (bitcast<u32>(exp2(l - f)) & MANT_MASK);
+    let capped = select(bits, 0x7f7fffffu, e >= 128);
+    return max(select(capped, r.bits, e < -126), r.bits);
 }
 
 // The integer p this reduce pipeline is specialised for, 1 to
@@ -401,10 +416,11 @@ fn p_int_partial(sum: f32) -> Partial {
 }
 
 // General p of a share of run r, in one pass: every term relative to a
-// reference that follows the running maximum (p_step), so the sum never
-// over- or underflows, at the price of a decode, one log2 and one exp2 per
-// element and one of each per four quads for the maximum. (A first pass
-// for the maximum took 28% of the CPU drivers' time.) The sum is
+// reference that follows the running maximum (p_limit, p_step), so the sum
+// never over- or underflows, at the price of a decode, one log2 and one
+// exp2 per element, and a compare per four quads against the reference's
+// limit. (A first pass for the maximum took 28% of the CPU drivers'
+// time.) The sum is
 // returned relative to the share's largest element: s >= 1 (that
 // element's own term).
 fn p_general(r: Run, sh: Share) -> Partial {
@@ -420,18 +436,50 @@ fn p_general(r: Run, sh: Share) -> Partial {
     var s3 = vec4(0.0);
     let st = sh.stride;
     var q = sh.first;
-    for (; q + (LANES - 1u) * st < sh.end; q += LANES * st) {
+    var lim = p_limit(rf, p);
+    // Blocks whose elements all stay within lim add their terms to a fixed
+    // reference; a block that passes it leaves the inner loop, moves the
+    // reference to the running maximum and goes back in. A move in the
+    // inner loop, even one no element makes, cost every block a log2 and
+    // an exp2 on the CPU drivers, which run any straight-line step in full.
+    loop {
+        for (; q + (LANES - 1u) * st < sh.end; q += LANES * st) {
+            let b0 = load_quad(q) & abs4;
+            let b1 = load_quad(q + st) & abs4;
+            let b2 = load_quad(q + 2u * st) & abs4;
+            let b3 = load_quad(q + 3u * st) & abs4;
+            let bt = max4(max(max(b0, b1), max(b2, b3)));
+            if bt > lim {
+                break;
+            }
+            top = max(top, bt);
+            s0 += p_terms(b0, rf.log2_m, rf.e, p);
+            s1 += p_terms(b1, rf.log2_m, rf.e, p);
+            s2 += p_terms(b2, rf.log2_m, rf.e, p);
+            s3 += p_terms(b3, rf.log2_m, rf.e, p);
+        }
+        if q + (LANES - 1u) * st >= sh.end {
+            break;
+        }
         let b0 = load_quad(q) & abs4;
         let b1 = load_quad(q + st) & abs4;
         let b2 = load_quad(q + 2u * st) & abs4;
         let b3 = load_quad(q + 3u * st) & abs4;
         top = max(top, max4(max(max(b0, b1), max(b2, b3))));
-        let step = p_step(top, rf, p);
-        rf = step.r;
-        s0 = s0 * step.k + p_terms(b0, rf.log2_m, rf.e, p);
-        s1 = s1 * step.k + p_terms(b1, rf.log2_m, rf.e, p);
-        s2 = s2 * step.k + p_terms(b2, rf.log2_m, rf.e, p);
-        s3 = s3 * step.k + p_terms(b3, rf.log2_m, rf.e, p);
+        if top >= EXP_MASK {
+            // exact_quads below takes the whole share.
+            q = sh.end;
+            break;
+        }
+        let t = p_ref(top);
+        let k = exp2(-p_log_ratio(t, rf, p));
+        rf = t;
+        lim = p_limit(rf, p);
+        s0 = s0 * k + p_terms(b0, rf.log2_m, rf.e, p);
+        s1 = s1 * k + p_terms(b1, rf.log2_m, rf.e, p);
+        s2 = s2 * k + p_terms(b2, rf.log2_m, rf.e, p);
+        s3 = s3 * k + p_terms(b3, rf.log2_m, rf.e, p);
+        q += LANES * st;
     }
     for (; q < sh.end; q += st) {
         let b = load_quad(q) & abs4;

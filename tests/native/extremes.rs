@@ -169,32 +169,40 @@ fn general_p_norms_do_not_depend_on_the_elements_order() {
     // reference that follows the running maximum, rescaling its sums when
     // that maximum moves far: ascending data moves it the most often.
     // Magnitudes log-uniform over 2^-100 .. 2^100, ascending, descending
-    // and shuffled, under small, fractional and large p: each norm within
-    // 2e-6 of float64.
+    // and shuffled, under small, fractional and large p; and ascending from
+    // the smallest subnormal to 2^60, where the reference starts among
+    // subnormals (where it moves at every rise) and, for p = 0.25, its
+    // limit soon lies past f32::MAX. Each norm within 2e-6 of float64.
     let n = 40_000usize;
-    let ascending: Vec<f32> = (0..n)
-        .map(|i| {
-            let x = (-100.0 + 200.0 * i as f64 / n as f64).exp2() as f32;
-            if i % 3 == 0 {
-                -x
-            } else {
-                x
-            }
-        })
-        .collect();
+    let log_uniform = |lo: f64, hi: f64| -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                let x = (lo + (hi - lo) * i as f64 / n as f64).exp2() as f32;
+                if i % 3 == 0 {
+                    -x
+                } else {
+                    x
+                }
+            })
+            .collect()
+    };
+    let ascending = log_uniform(-100.0, 100.0);
     let descending: Vec<f32> = ascending.iter().rev().copied().collect();
     let mut shuffled = ascending.clone();
     let mut rng = Rng::new(0x0bad_5eed_1234_5678);
     for i in (1..n).rev() {
         shuffled.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
     }
+    let whole_range = log_uniform(-149.0, 60.0);
+    assert!(whole_range[..100].iter().all(|x| x.is_subnormal()));
     let mut worst = 0.0f64;
-    for (name, data) in [
-        ("ascending", &ascending),
-        ("descending", &descending),
-        ("shuffled", &shuffled),
+    for (name, data, ps) in [
+        ("ascending", &ascending, &[0.5, 1.5, 2.5, 7.3, 40.0][..]),
+        ("descending", &descending, &[0.5, 1.5, 2.5, 7.3, 40.0]),
+        ("shuffled", &shuffled, &[0.5, 1.5, 2.5, 7.3, 40.0]),
+        ("whole range", &whole_range, &[0.25, 1.5, 7.3, 1000.0]),
     ] {
-        for p in [0.5, 1.5, 2.5, 7.3, 40.0] {
+        for &p in ps {
             let want = reference::norm(data, Order::P(p));
             let (report, _) = run_clip(data, &[n / 2, n - n / 2], |set, enc| {
                 set.clip_norm(enc, &ClipNorm::new(1.0).norm(Norm::P(p as f32)))
