@@ -75,7 +75,8 @@ struct Partial {
 // boundaries, at [chunk_count, chunk_count + flat_count), whose third word is
 // the index of their first segment; then, from word ranges_at, each tensor's
 // [begin, end) range of segments; from gaps_at, each flat chunk's gap; then
-// the split list where the reduce pass fuses some tensors (split_tensor).
+// the split list where the reduce pass fuses some tensors (split_tensor),
+// and after it, from units_at, each flat chunk's unit run (unit_run).
 // Partials are indexed like the chunks.
 struct WindowInfo {
     chunk_begin: u32,      // this window's segments
@@ -90,6 +91,7 @@ struct WindowInfo {
     ranges_at: u32,        // word index of the per-tensor partial ranges
     gaps_at: u32,          // word index of the flat chunks' gaps
     split_count: u32,      // tensors of tensor_stats (split_tensor)
+    units_at: u32,         // word index of the flat chunks' unit runs (reduce.wgsl's unit_run)
 }
 
 // One clip's parameters. The host records a copy of them into this uniform

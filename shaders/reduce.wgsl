@@ -1028,6 +1028,135 @@ fn publish_general(s: u32, sc: StatScale) -> bool {
     return store_general_stat(plan[3u * s + 2u], load_partial(s), sc);
 }
 
+// Flat chunk c's unit run (plan::Plan::unit_run), as [begin, end)
+// segment indices: segments that are each a fused tensor of one element,
+// the elements one after another in the window and their tensors too.
+// Empty where the chunk has none. Only in a FUSE pipeline: the host writes
+// the runs where some tensor is fused.
+fn unit_run(c: u32) -> vec2<u32> {
+    let i = win.units_at + 2u * (c - win.chunk_count);
+    return vec2(plan[i], plan[i + 1u]);
+}
+
+// Segment index of the v-th segment of a flat chunk that is not in its
+// unit run `units`: reduce_segments' loop skips the run.
+fn past_units(v: u32, units: vec2<u32>) -> u32 {
+    return select(v, v + (units.y - units.x), v >= units.x);
+}
+
+// The plain partial of a one-element tensor whose |g| bits are a, the
+// arithmetic of tiny_partial's one iteration, so that a tensor's results
+// do not depend on whether it is in a unit run.
+fn element_partial(a: u32) -> Tracked {
+    let y = bitcast<f32>(a);
+    return plain_partial(fma(term_base(vec4(y)).x, y, 0.0), a);
+}
+
+// What unit_plain leaves to the queues: nothing, the general path
+// (clip_of), or exact_quads first.
+const UNIT_DONE: u32 = 0u;
+const UNIT_GENERAL: u32 = 1u;
+const UNIT_EXACT: u32 = 2u;
+
+// A one-element tensor of bits a (its window element's), index `tensor`:
+// its norm and factor where plain_partial and plain_clip take it; else
+// what it stores is for the queues to overwrite, in the same invocation.
+// Stored either way: under a branch, the store made SwiftShader's
+// reduce_tensors 10-30% slower (200 000 one-element tensors).
+fn unit_plain(a: u32, tensor: u32, sc: StatScale, clipped: ptr<function, bool>) -> u32 {
+    let k = element_partial(a & ABS_MASK);
+    let pc = plain_clip(k.p, sc.unscaling);
+    let ok = k.ok && pc.ok;
+    *clipped = (store_tensor_stat(tensor, pc.c) && ok) || *clipped;
+    return select(select(UNIT_GENERAL, UNIT_DONE, ok), UNIT_EXACT, !k.ok);
+}
+
+// The one-element tensor `tensor` at window element i, by the general
+// path a tiny segment takes: exact_quads where its plain partial is not
+// kept, clip_of. Returns whether its factor is not 1.
+fn unit_general(i: u32, tensor: u32, sc: StatScale) -> bool {
+    var k = element_partial(load_element(i) & ABS_MASK);
+    if !k.ok {
+        let r = run_of(i, 1u);
+        k.p = exact_quads(r, whole_share(r), KIND);
+    }
+    return store_general_stat(tensor, k.p, sc);
+}
+
+// Quads an invocation takes in unit_stats before it passes over its
+// queues (four bits each in a u32), for SEG_BLOCK's reason.
+const UNIT_BLOCK: u32 = 8u;
+
+// The norms and factors of the tensors of unit run `units` (FUSE): the
+// run's inner quads a quad per invocation in turns, each quad's four
+// tensors in straight-line code; those plain_clip declines queued, and
+// those whose plain partial is not kept queued for exact_quads too (its
+// partial stored in the segment's slot, as the per-segment fold does:
+// with exact_quads in the general queue's loop, every tensor that
+// clip_of takes, each one for an integer p, paid for a masked
+// exact_quads: p = 3, 200 000 one-element tensors, 5.6 ms against 3.5
+// before this path). The edge elements (in quads shared with the segments
+// beside the run) one per invocation, by unit_general. Returns whether
+// some factor is not 1. With one invocation per segment, its record, its
+// element and its 16-byte statistic gathered and scattered lane by lane,
+// 200 000 one-element tensors cost reduce_tensors 1.5-1.7 ms on lavapipe
+// (L2, no-clip; the plain reduce 0.13 ms); a throwaway build that gave
+// every segment of such chunks its results a quad at a time took 0.42-0.74.
+fn unit_stats(units: vec2<u32>, t: u32, sc: StatScale) -> bool {
+    var clipped = false;
+    let first = chunk_at(units.x);
+    let r = run_of(first.start, units.y - units.x);
+    // Element i is tensor i + to_tensor and segment i + to_segment (in
+    // u32's wrapping arithmetic).
+    let to_tensor = first.tensor - first.start;
+    let to_segment = units.x - first.start;
+    // Elements before the first inner quad, and from the end of the last
+    // (none where the run lies inside one quad: head holds it all).
+    let head = min(4u * r.inner.x, r.end) - r.start;
+    let tail = clamp(4u * r.inner.y, r.start + head, r.end);
+    for (var k = t; k < head + (r.end - tail); k += WG) {
+        let i = select(tail + (k - head), r.start + k, k < head);
+        clipped = unit_general(i, i + to_tensor, sc) || clipped;
+    }
+    for (var q0 = r.inner.x + t; q0 < r.inner.y; q0 += UNIT_BLOCK * WG) {
+        var exact = 0u;
+        var general = 0u;
+        for (var j = 0u; j < UNIT_BLOCK && q0 + j * WG < r.inner.y; j++) {
+            let q = q0 + j * WG;
+            let b = load_quad(q);
+            let i = 4u * q + to_tensor;
+            let left = vec4(
+                unit_plain(b.x, i, sc, &clipped),
+                unit_plain(b.y, i + 1u, sc, &clipped),
+                unit_plain(b.z, i + 2u, sc, &clipped),
+                unit_plain(b.w, i + 3u, sc, &clipped),
+            );
+            let bits = vec4(1u, 2u, 4u, 8u) << vec4(4u * j);
+            exact |= dot(vec4<u32>(left == vec4(UNIT_EXACT)), bits);
+            general |= dot(vec4<u32>(left != vec4(UNIT_DONE)), bits);
+        }
+        let from_exact = exact;
+        while exact != 0u {
+            let j = firstTrailingBit(exact);
+            exact &= exact - 1u;
+            let i = 4u * (q0 + (j / 4u) * WG) + j % 4u;
+            let sr = run_of(i, 1u);
+            store_partial(i + to_segment, exact_quads(sr, whole_share(sr), KIND));
+        }
+        while general != 0u {
+            let j = firstTrailingBit(general);
+            general &= general - 1u;
+            let i = 4u * (q0 + (j / 4u) * WG) + j % 4u;
+            let plain = element_partial(load_element(i) & ABS_MASK).p;
+            let stored = load_partial(i + to_segment);
+            let e = (from_exact & (1u << j)) != 0u;
+            let q = Partial(select(plain.v, stored.v, e), select(plain.flags, stored.flags, e));
+            clipped = store_general_stat(i + to_tensor, q, sc) || clipped;
+        }
+    }
+    return clipped;
+}
+
 // The partials of flat chunk c's segments (c's own when it is one segment),
 // or for a fused tensor (FUSE) its results (publish()). A segment's
 // partial depends only on the segment: one invocation folds a short one,
@@ -1045,6 +1174,13 @@ fn reduce_segments(c: u32, t: u32, kind: u32, whole: Partial, tracked: bool) {
     let ends = whole_ends(segs);
     let sc = stat_scale();
     var clipped = false;
+    // The loop below takes the segments outside the unit run.
+    var units = vec2(segs.x);
+    if FUSE {
+        units = unit_run(c);
+        clipped = unit_stats(units, t, sc);
+    }
+    let end = segs.y - (units.y - units.x);
     if FOLD_LISTS {
         if t == 0u {
             atomicStore(&long_count, 0u);
@@ -1054,16 +1190,16 @@ fn reduce_segments(c: u32, t: u32, kind: u32, whole: Partial, tracked: bool) {
     }
     let ch = chunk_at(c);
     let r = run_of(ch.start, ch.len);
-    for (var base = segs.x + t; base < segs.y; base += SEG_BLOCK * WG) {
-        // Segments base + j * WG, j < SEG_BLOCK: tracked and tiny ones
+    for (var base = segs.x + t; base < end; base += SEG_BLOCK * WG) {
+        // Segments past_units(base + j * WG), j < SEG_BLOCK: tracked and tiny ones
         // folded plainly now, the others queued as bits for the exact fold
         // or the lists, and fused tensors that plain_clip declines for
         // clip_of.
         var exact = 0u;
         var listed = 0u;
         var general = 0u;
-        for (var j = 0u; j < SEG_BLOCK && base + j * WG < segs.y; j++) {
-            let s = base + j * WG;
+        for (var j = 0u; j < SEG_BLOCK && base + j * WG < end; j++) {
+            let s = past_units(base + j * WG, units);
             let sg = chunk_at(s);
             var k = Tracked(Partial(vec3(0.0), 0u), false);
             if tracked {
@@ -1088,7 +1224,7 @@ fn reduce_segments(c: u32, t: u32, kind: u32, whole: Partial, tracked: bool) {
         while exact != 0u {
             let j = firstTrailingBit(exact);
             exact &= exact - 1u;
-            let s = base + j * WG;
+            let s = past_units(base + j * WG, units);
             let sg = chunk_at(s);
             let sr = run_of(sg.start, sg.len);
             store_partial(s, exact_quads(sr, whole_share(sr), kind));
@@ -1096,14 +1232,14 @@ fn reduce_segments(c: u32, t: u32, kind: u32, whole: Partial, tracked: bool) {
         }
         if FUSE {
             while general != 0u {
-                let s = base + firstTrailingBit(general) * WG;
+                let s = past_units(base + firstTrailingBit(general) * WG, units);
                 general &= general - 1u;
                 clipped = publish_general(s, sc) || clipped;
             }
         }
         if FOLD_LISTS {
             while listed != 0u {
-                let s = base + firstTrailingBit(listed) * WG;
+                let s = past_units(base + firstTrailingBit(listed) * WG, units);
                 listed &= listed - 1u;
                 if chunk_at(s).len <= serial_max() {
                     mid_list[min(atomicAdd(&mid_count, 1u), MID_MAX - 1u)] = s;

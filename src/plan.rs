@@ -265,6 +265,10 @@ pub(crate) struct Plan {
     /// partials (WGSL `split_tensor`). Empty where no tensor is fused: the
     /// pass then takes tensor k as its k-th.
     pub split: Vec<u32>,
+    /// Each flat chunk's unit run, as [begin, end) indices of `chunks`
+    /// (empty where it has none), where some tensor is fused; set by
+    /// [`fuse`](Self::fuse) (see [`unit_run`](Self::unit_run)).
+    pub units: Vec<(u32, u32)>,
 }
 
 /// Cuts a window's pieces (each one tensor's elements, in increasing
@@ -432,6 +436,7 @@ pub(crate) fn plan(
         tensor_chunks,
         fused_below: 0,
         split: Vec::new(),
+        units: Vec::new(),
     })
 }
 
@@ -557,12 +562,13 @@ impl Plan {
     }
 
     /// Words of the plan table: the chunks, two words per tensor, one per
-    /// flat chunk, one per split tensor.
+    /// flat chunk, one per split tensor, two per unit run.
     pub fn table_words_len(&self) -> u64 {
         3 * self.partials_len()
             + 2 * self.tensor_chunks.len() as u64
             + self.flat.len() as u64
             + self.split.len() as u64
+            + 2 * self.units.len() as u64
     }
 
     /// Word index of the per-tensor partial ranges in the table.
@@ -573,6 +579,12 @@ impl Plan {
     /// Word index of the flat chunks' gaps in the table.
     pub fn gaps_at(&self) -> u32 {
         self.ranges_at() + 2 * self.tensor_chunks.len() as u32
+    }
+
+    /// Word index of the flat chunks' unit runs in the table (after the
+    /// split list).
+    pub fn units_at(&self) -> u32 {
+        self.gaps_at() + (self.flat.len() + self.split.len()) as u32
     }
 
     /// Flat chunk k's gap: the length of its shortest segment that lies
@@ -619,10 +631,50 @@ impl Plan {
             self.split = (0..fused.len() as u32)
                 .filter(|&t| !fused[t as usize])
                 .collect();
+            self.units = (0..self.flat.len())
+                .map(|k| self.unit_run(k, &fused))
+                .collect();
         } else {
             self.fused_below = 0;
             self.split.clear();
+            self.units.clear();
         }
+    }
+
+    /// Flat chunk k's unit run: its longest run of segments (at least
+    /// two) that are each a fused tensor of one element, the elements one
+    /// after another in the window and the tensors too, so that the reduce
+    /// pass reads them a quad at a time and finds each one's tensor by
+    /// arithmetic, with no segment record (WGSL `unit_stats`). Empty (at
+    /// the chunk's first segment) where there is none.
+    fn unit_run(&self, k: usize, fused: &[bool]) -> (u32, u32) {
+        let (first, end) = self.flat_segments(k);
+        let unit = |s: usize| {
+            let c = &self.chunks[s];
+            c.len == 1 && fused[c.tensor as usize]
+        };
+        let follows = |s: usize| {
+            let (a, b) = (&self.chunks[s - 1], &self.chunks[s]);
+            b.start == a.start + 1 && b.tensor == a.tensor + 1
+        };
+        let mut best = (first, first);
+        let mut begin = first;
+        for s in first..end {
+            if !unit(s) {
+                begin = s + 1;
+                continue;
+            }
+            if s > begin && !follows(s) {
+                begin = s;
+            }
+            if s + 1 - begin > best.1 - best.0 {
+                best = (begin, s + 1);
+            }
+        }
+        if best.1 - best.0 < 2 {
+            best = (first, first);
+        }
+        (best.0 as u32, best.1 as u32)
     }
 
     /// Flat chunk k's segments, as [begin, end) indices of `chunks`.
@@ -648,7 +700,8 @@ impl Plan {
     /// The plan table the shaders read: per-tensor chunks, flat chunks (three
     /// words each), each tensor's range of partials (its per-tensor
     /// chunks), each flat chunk's gap, then the split list where some
-    /// tensor is fused. Never empty: a binding cannot be.
+    /// tensor is fused, and then each flat chunk's unit run. Never empty: a
+    /// binding cannot be.
     pub fn table_words(&self) -> Vec<u32> {
         let mut words = Vec::with_capacity(self.table_words_len().max(1) as usize);
         for c in self.chunks.iter().chain(&self.flat) {
@@ -659,6 +712,7 @@ impl Plan {
         }
         words.extend((0..self.flat.len()).map(|k| self.gap(k)));
         words.extend(&self.split);
+        words.extend(self.units.iter().flat_map(|&(begin, end)| [begin, end]));
         if words.is_empty() {
             words.push(0);
         }
@@ -743,7 +797,7 @@ mod tests {
         let words = plan.table_words();
         assert_eq!(words.len() as u64, plan.table_words_len());
         assert_eq!(
-            &words[plan.gaps_at() as usize + plan.flat.len()..],
+            &words[plan.gaps_at() as usize + plan.flat.len()..plan.units_at() as usize],
             &plan.split[..]
         );
         plan.fuse(51);
@@ -758,6 +812,58 @@ mod tests {
         let mut alone = super::plan(&layout, &packed(&layout), 64, 1 << 20, 16).unwrap();
         alone.fuse(11);
         assert_eq!((alone.fused_below, alone.split_count()), (0, 1));
+    }
+
+    #[test]
+    fn unit_runs_are_each_chunks_longest_run_of_consecutive_one_element_tensors() {
+        // Chunk [0, 64): tensors 0-2 (one element each), 3 (5), 4 and 5
+        // (one each), 6 (empty: tensor 7 follows 5's element but not its
+        // index), 7-11 (one each), 12 (30) and 13 (20, into the next
+        // chunk); chunk [64, 128): 14 and 15 (one each), then 16 (200) to
+        // the end.
+        let sizes = [1, 1, 1, 5, 1, 1, 0, 1, 1, 1, 1, 1, 30, 20, 1, 1, 200];
+        let layout = GradLayout::from_sizes(&sizes).unwrap();
+        let mut plan = plan(&layout, &packed(&layout), 64, 1 << 20, 16).unwrap();
+        plan.fuse(11);
+        let tensor = |s: u32| plan.chunks[s as usize].tensor;
+        assert_eq!(
+            (tensor(plan.units[0].0), tensor(plan.units[0].1 - 1)),
+            (7, 11)
+        );
+        assert_eq!(plan.units[0].1 - plan.units[0].0, 5);
+        assert_eq!(
+            (tensor(plan.units[1].0), tensor(plan.units[1].1 - 1)),
+            (14, 15)
+        );
+        assert_eq!(plan.units[1].1 - plan.units[1].0, 2);
+        assert_eq!(plan.units.len(), plan.flat.len());
+        for (k, &(begin, end)) in plan.units.iter().enumerate().skip(2) {
+            assert_eq!(
+                (begin, end),
+                (plan.flat[k].tensor, plan.flat[k].tensor),
+                "chunk {k}"
+            );
+        }
+        let words = plan.table_words();
+        assert_eq!(words.len() as u64, plan.table_words_len());
+        let at = plan.units_at() as usize;
+        assert_eq!(
+            words[at..at + 4],
+            [
+                plan.units[0].0,
+                plan.units[0].1,
+                plan.units[1].0,
+                plan.units[1].1
+            ]
+        );
+        // Fusing only one-element tensors gives the same runs; nothing
+        // fused, none.
+        let units = plan.units.clone();
+        plan.fuse(2);
+        assert_eq!(plan.units, units);
+        plan.fuse(1);
+        assert!(plan.units.is_empty());
+        assert_eq!(plan.table_words().len() as u64, plan.table_words_len());
     }
 
     #[test]

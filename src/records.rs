@@ -57,6 +57,9 @@ pub struct WindowInfo {
     /// (after the gaps), or every tensor where the list is not there
     /// (`Plan::split`).
     pub split_count: u32,
+    /// Word index of the flat chunks' unit runs in the plan table (after
+    /// the split list; only where some tensor is fused, `Plan::units`).
+    pub units_at: u32,
 }
 
 /// WGSL `ClipConfig`: one clip's parameters, copied into the set's config
@@ -234,7 +237,8 @@ pub fn layouts() -> Vec<RecordLayout> {
             flat_workgroups,
             ranges_at,
             gaps_at,
-            split_count
+            split_count,
+            units_at
         }),
         record!(ClipConfig {
             semantics,

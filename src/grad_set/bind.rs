@@ -334,12 +334,14 @@ fn record_bytes(bound: &Bound, uniform_stride: u64) -> Vec<u8> {
         ranges_at: plan.ranges_at(),
         gaps_at: plan.gaps_at(),
         split_count,
+        units_at: plan.units_at(),
     };
     let empty = WindowInfo {
         tensor_count: plan.tensor_chunks.len() as u32,
         ranges_at: plan.ranges_at(),
         gaps_at: plan.gaps_at(),
         split_count,
+        units_at: plan.units_at(),
         ..WindowInfo::default()
     };
     let infos: Vec<WindowInfo> = if plan.windows.is_empty() {

@@ -242,6 +242,166 @@ fn fused_tensors_match_float64() {
 }
 
 #[test]
+fn runs_of_one_element_tensors_match_float64_and_lone_ones_bits() {
+    // Runs of one-element tensors, each the longest of its flat chunk (a
+    // layout this size has chunks of shaders::MIN_CHUNK_ELEMENTS = 32768
+    // elements on every device), starting at every offset in a quad, the
+    // last across a chunk boundary, with two- and five-element tensors
+    // after each and a shorter run beside the last; the reduce pass gives
+    // a chunk's longest run its tensors' results a quad at a time
+    // (unit_stats), the others through its per-segment loop. Each
+    // tensor's results must be those of a lone one-element tensor of the
+    // same value, which takes the per-segment fold: the second layout
+    // places every such tensor between two-element ones. Magnitudes span
+    // the fast paths' limits (squares that overflow or underflow f32,
+    // subnormals, zeros, inf and NaN), so some of a run's tensors take the
+    // general path.
+    let runs: [(usize, usize); 9] = [
+        (0, 2),
+        (3, 3),
+        (1, 5),
+        (2, 7),
+        (1, 9),
+        (3, 300),
+        (2, 4),
+        (0, 13),
+        (1, 5000),
+    ];
+    let mut sizes = Vec::new();
+    let mut at = 0;
+    for (k, &(offset, run)) in runs.iter().enumerate() {
+        let target = if k + 1 == runs.len() {
+            32768 * (k + 1) - 2001 + offset
+        } else {
+            32768 * k + 1000 + offset
+        };
+        sizes.push(target - at);
+        sizes.extend(std::iter::repeat_n(1, run));
+        sizes.extend([2, 5]);
+        at = target + run + 7;
+    }
+    sizes.extend([1, 1, 1, 3000]);
+    let specials = [
+        0.0,
+        -0.0,
+        f32::from_bits(1),
+        -1e-39,
+        1e-30,
+        -3e-20,
+        1e19,
+        -1e30,
+        f32::MAX,
+        0.5,
+    ];
+    let mut data = values(sizes.iter().sum(), 14);
+    let ones: Vec<usize> = {
+        let mut at = 0;
+        let mut ones = Vec::new();
+        for (t, &n) in sizes.iter().enumerate() {
+            if n == 1 {
+                ones.push(t);
+                data[at] = match t % 23 {
+                    k if k < specials.len() => specials[k],
+                    _ => data[at],
+                };
+            }
+            at += n;
+        }
+        ones
+    };
+    let starts = starts_of(&sizes);
+    // The lone layout: each one-element tensor between two-element ones
+    // (of zeros, so that the global results are unchanged).
+    let mut lone_sizes = Vec::new();
+    let mut lone_data = Vec::new();
+    let mut lone_index = Vec::new();
+    for &t in &ones {
+        lone_sizes.extend([2, 1]);
+        lone_data.extend([0.0, 0.0, data[starts[t]]]);
+        lone_index.push(lone_sizes.len() - 1);
+    }
+    lone_sizes.push(2);
+    lone_data.extend([0.0, 0.0]);
+    let lone_starts = starts_of(&lone_sizes);
+    for (inf, nan) in [(None, None), (Some(40), Some(3001))] {
+        let mut data = data.clone();
+        let mut lone_data = lone_data.clone();
+        for (k, x) in [(inf, f32::INFINITY), (nan, f32::NAN)] {
+            if let Some(k) = k {
+                data[starts[ones[k]]] = x;
+                lone_data[lone_starts[lone_index[k]]] = x;
+            }
+        }
+        for (tensorflow, order, max_norm) in [
+            (false, Order::L2, 0.25f32),
+            (true, Order::L2, 0.25),
+            (false, Order::Inf, 0.25),
+            (true, Order::Inf, 0.25),
+            (false, Order::P(3.0), 0.25),
+            (true, Order::P(1.5), 0.25),
+            // A subnormal max_norm: plain_clip declines every tensor.
+            (false, Order::L2, 1e-40),
+            (true, Order::Inf, 1e-40),
+        ] {
+            let base = if tensorflow {
+                ClipNorm::tensorflow(max_norm)
+            } else {
+                ClipNorm::new(max_norm)
+            };
+            let clip = base.norm(order.to_norm()).per_tensor(true);
+            let what = format!("{order:?} tf={tensorflow} max_norm={max_norm:e} inf={inf:?}");
+            let (report, after) = run_clip(&data, &sizes, |set, enc| set.clip_norm(enc, &clip));
+            let report = report.unwrap();
+            let (lone, lone_after) = run_clip(&lone_data, &lone_sizes, |set, enc| {
+                set.clip_norm(enc, &clip)
+            });
+            let lone = lone.unwrap();
+            for (&t, &l) in ones.iter().zip(&lone_index) {
+                let x = data[starts[t]];
+                assert_eq!(
+                    (
+                        report.tensor_norms[t].to_bits(),
+                        report.tensor_coefficients[t].to_bits()
+                    ),
+                    (
+                        lone.tensor_norms[l].to_bits(),
+                        lone.tensor_coefficients[l].to_bits()
+                    ),
+                    "{what}: tensor {t} ({x:e}) against a lone one"
+                );
+                assert_identical(
+                    &after[starts[t]..starts[t] + 1],
+                    &lone_after[lone_starts[l]..lone_starts[l] + 1],
+                    &format!("{what}: tensor {t} clipped"),
+                );
+                let want = (x as f64).abs();
+                let got = report.tensor_norms[t] as f64;
+                assert!(
+                    (x.is_nan() && got.is_nan()) || rel_diff(got, want) <= 1e-6,
+                    "{what}: tensor {t} norm {got:e} vs |x| = {want:e}"
+                );
+            }
+            if inf.is_none() && max_norm.is_normal() {
+                let (_, want) = per_tensor_reference(&data, &sizes, order, max_norm, tensorflow);
+                assert_close(&after, &want, 1e-5, &what);
+            }
+        }
+    }
+    assert_no_wgpu_errors();
+}
+
+/// Where each tensor of a packed layout of `sizes` starts.
+fn starts_of(sizes: &[usize]) -> Vec<usize> {
+    sizes
+        .iter()
+        .scan(0, |at, &n| {
+            *at += n;
+            Some(*at - n)
+        })
+        .collect()
+}
+
+#[test]
 fn tracked_segments_a_fast_path_declines_are_folded_exactly() {
     // 40 tensors of 200 to 299 elements make one flat chunk whose every
     // segment the reduce pass folds in its flat walk, on GPUs and CPU
