@@ -911,11 +911,17 @@ fn tiny_partial(sg: Chunk) -> Tracked {
     var top = 0u;
     for (var i = sg.start; i < sg.start + sg.len; i++) {
         let a = load_element(i) & ABS_MASK;
-        let y = bitcast<f32>(a);
-        sum = fma(term_base(vec4(y)).x, y, sum);
+        sum = add_term(sum, a);
         top = max(top, a);
     }
     return plain_partial(sum, top);
+}
+
+// sum plus the plain term of the element whose |g| bits are a, rounded
+// once: the element-wise folds' one step (tiny_partial, element_partial).
+fn add_term(sum: f32, a: u32) -> f32 {
+    let y = bitcast<f32>(a);
+    return fma(term_base(vec4(y)).x, y, sum);
 }
 
 // Segments an invocation takes in reduce_segments before it passes over
@@ -1044,12 +1050,11 @@ fn past_units(v: u32, units: vec2<u32>) -> u32 {
     return select(v, v + (units.y - units.x), v >= units.x);
 }
 
-// The plain partial of a one-element tensor whose |g| bits are a, the
-// arithmetic of tiny_partial's one iteration, so that a tensor's results
-// do not depend on whether it is in a unit run.
+// The plain partial of a one-element tensor whose |g| bits are a:
+// tiny_partial's for a segment of that one element, so that a tensor's
+// results do not depend on whether it is in a unit run.
 fn element_partial(a: u32) -> Tracked {
-    let y = bitcast<f32>(a);
-    return plain_partial(fma(term_base(vec4(y)).x, y, 0.0), a);
+    return plain_partial(add_term(0.0, a), a);
 }
 
 // What unit_plain leaves to the queues: nothing, the general path
