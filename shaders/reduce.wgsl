@@ -1163,7 +1163,8 @@ fn unit_stats(units: vec2<u32>, t: u32, sc: StatScale) -> bool {
 }
 
 // The partials of flat chunk c's segments (c's own when it is one segment),
-// or for a fused tensor (FUSE) its results (publish()). A segment's
+// or for a fused tensor (FUSE) its results: those of the chunk's unit run
+// by unit_stats, the others by publish(). A segment's
 // partial depends only on the segment: one invocation folds a short one,
 // the workgroup a long one. The workgroup loops over the long ones only: a
 // loop over every segment with a barrier in it costs a barrier's worth per

@@ -132,6 +132,16 @@ pub fn download_all(device: &wgpu::Device, queue: &wgpu::Queue, buffer: &wgpu::B
     download(device, queue, buffer, (buffer.size() / 4) as usize)
 }
 
+/// A norm clip at `max_norm` under TensorFlow's semantics when `tensorflow`,
+/// PyTorch's otherwise: the tests that cover both build it here.
+pub fn framework_clip(tensorflow: bool, max_norm: f32) -> gradclip::ClipNorm {
+    if tensorflow {
+        gradclip::ClipNorm::tensorflow(max_norm)
+    } else {
+        gradclip::ClipNorm::new(max_norm)
+    }
+}
+
 /// Runs `record` on a fresh encoder, submits it, and returns the report (or
 /// the error) of the latest clip together with the gradients afterwards.
 pub fn run_clip(

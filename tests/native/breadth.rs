@@ -6,7 +6,8 @@ use crate::common;
 
 use common::reference::{self, assert_close, assert_identical, Order};
 use common::{
-    assert_no_wgpu_errors, download, gpu, rel_diff, run_clip, upload, watch_errors, GRAD_USAGE,
+    assert_no_wgpu_errors, download, framework_clip, gpu, rel_diff, run_clip, upload, watch_errors,
+    GRAD_USAGE,
 };
 use gradclip::{ClipNorm, GradLayout, Norm, NormPartial};
 use wgpu::util::DeviceExt;
@@ -70,11 +71,7 @@ fn per_tensor_clipping_matches_clip_by_norm() {
     for tensorflow in [false, true] {
         for order in [Order::L2, Order::Inf, Order::P(1.5)] {
             let max_norm = 2.0f32;
-            let base = if tensorflow {
-                ClipNorm::tensorflow(max_norm)
-            } else {
-                ClipNorm::new(max_norm)
-            };
+            let base = framework_clip(tensorflow, max_norm);
             let clip = base.norm(order.to_norm()).per_tensor(true);
             let (report, after) = run_clip(&data, &SIZES, |set, enc| set.clip_norm(enc, &clip));
             let report = report.unwrap();
@@ -194,11 +191,7 @@ fn fused_tensors_match_float64() {
             norms.sort_by(f64::total_cmp);
             // Half of the tensors clip.
             let max_norm = norms[norms.len() / 2] as f32;
-            let base = if tensorflow {
-                ClipNorm::tensorflow(max_norm)
-            } else {
-                ClipNorm::new(max_norm)
-            };
+            let base = framework_clip(tensorflow, max_norm);
             let clip = base.norm(order.to_norm()).per_tensor(true);
             let (report, after) = run_clip(&data, &sizes, |set, enc| set.clip_norm(enc, &clip));
             let report = report.unwrap();
@@ -334,11 +327,7 @@ fn runs_of_one_element_tensors_match_float64_and_lone_ones_bits() {
             (false, Order::L2, 1e-40),
             (true, Order::Inf, 1e-40),
         ] {
-            let base = if tensorflow {
-                ClipNorm::tensorflow(max_norm)
-            } else {
-                ClipNorm::new(max_norm)
-            };
+            let base = framework_clip(tensorflow, max_norm);
             let clip = base.norm(order.to_norm()).per_tensor(true);
             let what = format!("{order:?} tf={tensorflow} max_norm={max_norm:e} inf={inf:?}");
             let (report, after) = run_clip(&data, &sizes, |set, enc| set.clip_norm(enc, &clip));
@@ -510,11 +499,7 @@ fn sharded_norm_and_clip_equals_clipping_the_whole() {
     let data = values(sizes.iter().sum(), 4);
     for order in [Order::L2, Order::Inf, Order::P(1.0), Order::P(2.5)] {
         for (shard_count, tensorflow) in [(2, false), (3, true), (4, false)] {
-            let base = if tensorflow {
-                ClipNorm::tensorflow(5.0)
-            } else {
-                ClipNorm::new(5.0)
-            };
+            let base = framework_clip(tensorflow, 5.0);
             let clip = base.norm(order.to_norm());
             let (whole_report, whole) =
                 run_clip(&data, &sizes, |set, enc| set.clip_norm(enc, &clip));

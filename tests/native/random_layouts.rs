@@ -5,7 +5,7 @@
 use crate::common;
 
 use common::reference::{self, assert_close, assert_identical, Order};
-use common::{rel_diff, run_clip};
+use common::{framework_clip, rel_diff, run_clip};
 use gradclip::ClipNorm;
 use proptest::prelude::*;
 
@@ -66,8 +66,7 @@ proptest! {
         let want = reference::norm(&data, order);
         // A threshold below or above the norm: clip and no-clip steps.
         let max_norm = ((want * ratio) as f32).clamp(f32::MIN_POSITIVE, f32::MAX);
-        let clip = if tensorflow { ClipNorm::tensorflow(max_norm) } else { ClipNorm::new(max_norm) };
-        let clip = clip.norm(order.to_norm());
+        let clip = framework_clip(tensorflow, max_norm).norm(order.to_norm());
         let (report, after) = run_clip(&data, &sizes, |set, enc| set.clip_norm(enc, &clip));
         let report = report.unwrap();
 
@@ -207,8 +206,7 @@ proptest! {
         let data = fill(&tensors, seed);
         let (order, norm) = if inf { (Order::Inf, gradclip::Norm::Inf) } else { (Order::L2, gradclip::Norm::L2) };
         let max_norm = 2f32.powi(max_exponent) * 1.37;
-        let clip = if tensorflow { ClipNorm::tensorflow(max_norm) } else { ClipNorm::new(max_norm) };
-        let clip = clip.norm(norm).tensor_norms(true);
+        let clip = framework_clip(tensorflow, max_norm).norm(norm).tensor_norms(true);
         let (report, _) = run_clip(&data, &sizes, |set, enc| set.clip_norm(enc, &clip));
         let report = report.unwrap();
         prop_assert_eq!(report.tensor_coefficients.len(), sizes.len());
@@ -245,8 +243,7 @@ proptest! {
         let data = fill(&[(size, exponent)], seed);
         let want = reference::norm(&data, order);
         let max_norm = ((want * ratio) as f32).clamp(f32::MIN_POSITIVE, f32::MAX);
-        let clip = if tensorflow { ClipNorm::tensorflow(max_norm) } else { ClipNorm::new(max_norm) };
-        let clip = clip.norm(order.to_norm()).tensor_norms(true).unscale(unscale);
+        let clip = framework_clip(tensorflow, max_norm).norm(order.to_norm()).tensor_norms(true).unscale(unscale);
         let (report, _) = run_clip(&data, &[size], |set, enc| set.clip_norm(enc, &clip));
         let report = report.unwrap();
         prop_assert_eq!(report.tensor_norms[0].to_bits(), report.total_norm.to_bits(), "{:?}: norm", order);
