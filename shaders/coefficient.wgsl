@@ -192,8 +192,7 @@ struct PlainClip {
 }
 
 fn plain_clip(q: Partial, unscaling: bool) -> PlainClip {
-    let max_bits = bitcast<u32>(cfg.max_norm);
-    var ok = q.flags == 0u && !unscaling && max_bits >= 0x00800000u && max_bits < EXP_MASK;
+    var ok = q.flags == 0u && plain_clip_usable(unscaling);
     var norm: f32;
     if KIND == 0u {
         // norm_value's middle case; its result is 0 or a normal float, so
@@ -205,16 +204,36 @@ fn plain_clip(q: Partial, unscaling: bool) -> PlainClip {
         ok = ok && KIND == 1u && (a == 0u || a >= 0x00800000u);
         norm = q.v.x;
     }
-    // coefficient's arithmetic for a finite norm and no flags: PyTorch's
-    // max_norm / (norm + 1e-6), at most 1; TensorFlow's max_norm / norm
-    // above max_norm (nv.y and nv.k are the norm's decode, as here).
+    return PlainClip(Coefficient(norm, plain_factor(norm), SCALE_MULTIPLY), ok);
+}
+
+// Whether plain_clip can take any tensor of this clip: no unscaling, a
+// normal max_norm.
+fn plain_clip_usable(unscaling: bool) -> bool {
+    let max_bits = bitcast<u32>(cfg.max_norm);
+    return !unscaling && max_bits >= 0x00800000u && max_bits < EXP_MASK;
+}
+
+// coefficient's factor for a finite norm and no flags, where
+// plain_clip_usable: PyTorch's max_norm / (norm + 1e-6), at most 1;
+// TensorFlow's max_norm / norm above max_norm. divide()'s arithmetic, on
+// operands read straight from their bits: max_norm is normal, and so is
+// the divisor wherever the factor is not 1 (norm + 1e-6 >= 1e-6; a
+// TensorFlow norm above max_norm).
+fn plain_factor(norm: f32) -> Factor {
     let torch = cfg.semantics == SEMANTICS_TORCH;
-    let d = decode(bitcast<u32>(select(norm, norm + 1e-6, torch)));
-    var f = divide(cfg.max_norm, d.m, d.e);
-    if select(norm <= cfg.max_norm, f.m != 0.0 && f.e >= 0, torch) {
-        f = factor_one();
-    }
-    return PlainClip(Coefficient(norm, f, SCALE_MULTIPLY), ok);
+    let n = bitcast<u32>(cfg.max_norm);
+    let d = bitcast<u32>(select(norm, norm + 1e-6, torch));
+    let q = normal_mantissa(n) / normal_mantissa(d); // in (0.5, 2)
+    let below = q < 1.0;
+    let e = i32(n >> 23u) - i32(d >> 23u) - i32(below);
+    let one = select(norm <= cfg.max_norm, e >= 0, torch);
+    return Factor(select(select(q, q * 2.0, below), 1.0, one), select(e, 0, one));
+}
+
+// The mantissa in [1, 2) of a normal float's bits.
+fn normal_mantissa(b: u32) -> f32 {
+    return bitcast<f32>(ONE_BITS | (b & MANT_MASK));
 }
 
 // What a tensor's coefficient takes from the clip besides its partial:
