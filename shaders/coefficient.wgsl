@@ -58,6 +58,11 @@ fn norm_value(q: Partial, kind: u32) -> NormValue {
             if s == 0.0 {
                 return NormValue(0.0, 0.0, 0);
             }
+            if s == 1.0 {
+                // m * 2^E exactly, where the log2 and exp2 below would round
+                // (a one-element tensor's partial, plain_clip's case).
+                return normalised(q.v.y, i32(q.v.z));
+            }
             // norm = m * 2^E * s^(1/p); log2 taken on s's mantissa in [0.5, 1),
             // where log2 is accurate to 2^-21 absolute.
             let parts = frexp(s);
@@ -176,8 +181,9 @@ fn clip_of(q: Partial, kind: u32, unscaling: bool, s: f32) -> Coefficient {
 
 // A tensor's norm and factor where it is plain: clip_of's result, by the
 // same arithmetic, for an L2 partial with no element in the big bin and
-// the medium one carrying the norm (or the small one empty), or an Inf
-// partial whose largest element is normal or zero; no non-finite element,
+// the medium one carrying the norm (or the small one empty), an Inf
+// partial whose largest element is normal or zero, or a p partial of s = 0
+// or s = 1 with m * 2^E normal; no non-finite element,
 // no unscaling, a normal max_norm. Code with few and short branches: CPU drivers (Mesa
 // 22's lavapipe and llvmpipe, SwiftShader) run every branch's body under a
 // lane mask whether or not a lane takes it, uniform conditions included,
@@ -199,9 +205,16 @@ fn plain_clip(q: Partial, unscaling: bool) -> PlainClip {
         // normalised() gives it back unchanged.
         ok = ok && q.v.z == 0.0 && (q.v.y >= 0x1p-50f || q.v.x == 0.0);
         norm = sqrt(q.v.y + mul_pow2(q.v.x, -172));
+    } else if KIND == 2u {
+        // norm_value's exact cases: s = 0, and s = 1 (every one-element
+        // tensor's partial for general p) where m * 2^E is normal.
+        let e = i32(q.v.z);
+        ok = ok && (q.v.x == 0.0 || (q.v.x == 1.0 && e >= -126 && e <= 127));
+        let m = bitcast<u32>(q.v.y) & MANT_MASK;
+        norm = select(bitcast<f32>((u32(clamp(e + 127, 1, 254)) << 23u) | m), 0.0, q.v.x == 0.0);
     } else {
         let a = bitcast<u32>(q.v.x);
-        ok = ok && KIND == 1u && (a == 0u || a >= 0x00800000u);
+        ok = ok && (a == 0u || a >= 0x00800000u);
         norm = q.v.x;
     }
     return PlainClip(Coefficient(norm, plain_factor(norm), SCALE_MULTIPLY), ok);

@@ -1052,8 +1052,17 @@ fn past_units(v: u32, units: vec2<u32>) -> u32 {
 
 // The plain partial of a one-element tensor whose |g| bits are a:
 // tiny_partial's for a segment of that one element, so that a tensor's
-// results do not depend on whether it is in a unit run.
+// results do not depend on whether it is in a unit run. For general p,
+// which tiny_partial declines, what exact_quads then gives (add_p): the
+// element's own term, 1, relative to itself, or zeros for a zero; taken
+// here, a finite element's partial skips exact_quads' two edge quads of
+// merge_p (two log2 and an exp2 each, on CPU drivers for every element).
 fn element_partial(a: u32) -> Tracked {
+    if KIND == 2u && POWER == 0u {
+        let d = decode(a);
+        let v = select(vec3(0.0), vec3(1.0, d.m, f32(d.e)), a != 0u);
+        return Tracked(Partial(v, 0u), a < EXP_MASK);
+    }
     return plain_partial(add_term(0.0, a), a);
 }
 
