@@ -91,11 +91,15 @@ fn divide(num: f32, dm: f32, de: i32) -> Factor {
         return Factor(0.0, 0);
     }
     let n = decode(a);
-    let q = n.m / dm; // in (0.5, 2)
-    if q < 1.0 {
-        return Factor(q * 2.0, n.e - de - 1);
-    }
-    return Factor(q, n.e - de);
+    return quotient(n.m, n.e, dm, de);
+}
+
+// (nm * 2^ne) / (dm * 2^de) for mantissas in [1, 2): one rounding of the
+// mantissa quotient, brought back into [1, 2).
+fn quotient(nm: f32, ne: i32, dm: f32, de: i32) -> Factor {
+    let q = nm / dm; // in (0.5, 2)
+    let below = q < 1.0;
+    return Factor(select(q, q * 2.0, below), ne - de - i32(below));
 }
 
 fn factor_f32(f: Factor) -> f32 {
@@ -210,8 +214,7 @@ fn plain_clip(q: Partial, unscaling: bool) -> PlainClip {
         // tensor's partial for general p) where m * 2^E is normal.
         let e = i32(q.v.z);
         ok = ok && (q.v.x == 0.0 || (q.v.x == 1.0 && e >= -126 && e <= 127));
-        let m = bitcast<u32>(q.v.y) & MANT_MASK;
-        norm = select(bitcast<f32>((u32(clamp(e + 127, 1, 254)) << 23u) | m), 0.0, q.v.x == 0.0);
+        norm = select(mul_pow2(q.v.y, e), 0.0, q.v.x == 0.0);
     } else {
         let a = bitcast<u32>(q.v.x);
         ok = ok && (a == 0u || a >= 0x00800000u);
@@ -229,7 +232,7 @@ fn plain_clip_usable(unscaling: bool) -> bool {
 
 // coefficient's factor for a finite norm and no flags, where
 // plain_clip_usable: PyTorch's max_norm / (norm + 1e-6), at most 1;
-// TensorFlow's max_norm / norm above max_norm. divide()'s arithmetic, on
+// TensorFlow's max_norm / norm above max_norm. divide()'s quotient, of
 // operands read straight from their bits: max_norm is normal, and so is
 // the divisor wherever the factor is not 1 (norm + 1e-6 >= 1e-6; a
 // TensorFlow norm above max_norm).
@@ -237,16 +240,9 @@ fn plain_factor(norm: f32) -> Factor {
     let torch = cfg.semantics == SEMANTICS_TORCH;
     let n = bitcast<u32>(cfg.max_norm);
     let d = bitcast<u32>(select(norm, norm + 1e-6, torch));
-    let q = normal_mantissa(n) / normal_mantissa(d); // in (0.5, 2)
-    let below = q < 1.0;
-    let e = i32(n >> 23u) - i32(d >> 23u) - i32(below);
-    let one = select(norm <= cfg.max_norm, e >= 0, torch);
-    return Factor(select(select(q, q * 2.0, below), 1.0, one), select(e, 0, one));
-}
-
-// The mantissa in [1, 2) of a normal float's bits.
-fn normal_mantissa(b: u32) -> f32 {
-    return bitcast<f32>(ONE_BITS | (b & MANT_MASK));
+    let f = quotient(normal_mantissa(n), i32(n >> 23u) - 127, normal_mantissa(d), i32(d >> 23u) - 127);
+    let one = select(norm <= cfg.max_norm, f.e >= 0, torch);
+    return Factor(select(f.m, 1.0, one), select(f.e, 0, one));
 }
 
 // What a tensor's coefficient takes from the clip besides its partial:

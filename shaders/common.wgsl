@@ -357,7 +357,12 @@ struct Decoded {
 fn decode(a: u32) -> Decoded {
     let subnormal = a < 0x00800000u;
     let b = select(a, bitcast<u32>(f32(i32(a))), subnormal);
-    return Decoded(bitcast<f32>(ONE_BITS | (b & MANT_MASK)), i32(b >> 23u) - select(127, 276, subnormal));
+    return Decoded(normal_mantissa(b), i32(b >> 23u) - select(127, 276, subnormal));
+}
+
+// The mantissa in [1, 2) of a normal float's bits.
+fn normal_mantissa(b: u32) -> f32 {
+    return bitcast<f32>(ONE_BITS | (b & MANT_MASK));
 }
 
 // x * 2^k by exponent arithmetic on the bits: exact whenever the result is a

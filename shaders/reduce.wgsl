@@ -80,9 +80,15 @@ fn add_p(acc: ptr<function, vec3<f32>>, flags: ptr<function, u32>, bits: u32, p:
     if a >= EXP_MASK {
         *flags |= nonfinite_flags(a);
     } else if a != 0u {
-        let d = decode(a);
-        *acc = merge_p(*acc, vec3(1.0, d.m, f32(d.e)), p);
+        *acc = merge_p(*acc, p_self(a), p);
     }
+}
+
+// The p-sum (s, m, E) of one finite, non-zero element of |g| bits a: its
+// own term, 1, relative to itself.
+fn p_self(a: u32) -> vec3<f32> {
+    let d = decode(a);
+    return vec3(1.0, d.m, f32(d.e));
 }
 
 // Folds one element (its f32 bits) into a reduction of the given kind
@@ -1059,9 +1065,7 @@ fn past_units(v: u32, units: vec2<u32>) -> u32 {
 // merge_p (two log2 and an exp2 each, on CPU drivers for every element).
 fn element_partial(a: u32) -> Tracked {
     if KIND == 2u && POWER == 0u {
-        let d = decode(a);
-        let v = select(vec3(0.0), vec3(1.0, d.m, f32(d.e)), a != 0u);
-        return Tracked(Partial(v, 0u), a < EXP_MASK);
+        return Tracked(Partial(select(vec3(0.0), p_self(a), a != 0u), 0u), a < EXP_MASK);
     }
     return plain_partial(add_term(0.0, a), a);
 }
