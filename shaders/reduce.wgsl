@@ -230,10 +230,14 @@ fn plain_term(z: vec4<f32>) -> vec4<f32> {
     return term_base(z) * z;
 }
 
-// The sum of a quad's squares, for a segment's running sum in the tracked
-// walk (L2's: tracks_segments leaves p out).
+// The sum of a quad's plain terms, for a segment's running sum in the
+// tracked walk: squares, or an integer p's powers (general p is not
+// tracked).
 fn seg_term(z: vec4<f32>) -> f32 {
-    return dot(z, z);
+    if KIND == 0u {
+        return dot(z, z);
+    }
+    return plain_sum(plain_term(z));
 }
 
 // The plain terms of a share of run r, summed in LANES accumulators: the
@@ -553,8 +557,8 @@ fn workgroup_fold(start: u32, len: u32, t: u32, kind: u32) {
 // (their loads, not memory, are the limit: 10^4 tensors of 10^3 elements,
 // reduce_tensors 8.4 ms against reduce's 4.1 on lavapipe). So where a
 // chunk's segments fit in seg_slots and none inside it is shorter than a
-// block (tracked_round), reduce_tensors folds L2 and Inf segments during
-// the flat walk: each lane keeps the plain sum of squares or powers (or
+// block (tracked_round), reduce_tensors folds L2, Inf and integer p
+// segments during the flat walk: each lane keeps the plain sum of squares or powers (or
 // the largest bits) of the segment its quads are in and, having left it,
 // stores it in the segment's slot for that lane and team. A segment's
 // slots are then folded team by team and lane by lane, its elements in
@@ -564,12 +568,11 @@ fn workgroup_fold(start: u32, len: u32, t: u32, kind: u32) {
 // the window and non-finite elements go to the element-wise and
 // per-segment paths below. The flat walk itself adds the same quads to the
 // same accumulators as plain_quads and max_quads, so the global result
-// keeps its bits. p is not tracked: a general p's terms are relative to a
-// running maximum, which a segment would need its own of; an integer p's
-// are plain, and plain_tracked would walk them with seg_term taking their
-// powers, but such tracked pipelines compiled for longer than wgpu's GL
-// backend holds its context lock (6 s, llvmpipe without a shader cache),
-// and other threads' calls failed.
+// keeps its bits. General p is not tracked: its terms are relative to a
+// running maximum, which a segment would need its own of. (Integer p,
+// tracked, compiled past wgpu's GL context-lock wait of 6 s on llvmpipe
+// while reduce_tensors inlined reduce_segments once per walk; with one
+// call its first per-tensor step takes 7 s there, against 15.)
 
 // Slots in rows of TEAM: a chunk of S segments needs S + WG / TEAM - 1
 // rows (row (s - first segment) + team, one per segment a team's piece
@@ -593,7 +596,7 @@ override TRACK: bool = true;
 // Whether reduce_tensors folds the segments [segs.x, segs.y) of a chunk
 // in its flat walk (a uniform choice: it depends on the plan alone).
 fn tracks_segments(segs: vec2<u32>) -> bool {
-    return TRACK && KIND != 2u && segs.y - segs.x > 1u && (segs.y - segs.x) + WG / TEAM - 1u <= SLOT_WORDS / TEAM;
+    return TRACK && (KIND != 2u || POWER != 0u) && segs.y - segs.x > 1u && (segs.y - segs.x) + WG / TEAM - 1u <= SLOT_WORDS / TEAM;
 }
 
 fn slot(segs: vec2<u32>, s: u32, team: u32, lane: u32) -> u32 {
@@ -1318,7 +1321,16 @@ fn reduce_flat_tracked(c: u32, t: u32, segs: vec2<u32>, round: u32) -> Partial {
     if KIND == 1u {
         q = inf_tracked(r, sh, &tr, round);
     } else {
-        q = l2_accept(r, sh, plain_tracked(r, sh, &tr, round));
+        let v = plain_tracked(r, sh, &tr, round);
+        if KIND == 0u {
+            q = l2_accept(r, sh, v);
+        } else {
+            // p_quads' choice, on the sum plain_quads would give.
+            q = p_int_partial(plain_sum(v));
+            if q.v.x == 0.0 {
+                q = p_general(r, sh);
+            }
+        }
     }
     wg_v[t] = q.v;
     wg_f[t] = q.flags;
@@ -1382,10 +1394,15 @@ fn reduce_tensors(
         if tracks_segments(segs) {
             round = tracked_round(c);
         }
+        // One call of reduce_segments for both walks: the shader compilers
+        // inline it, and a copy per walk took the first per-tensor step
+        // twice as long to compile on lavapipe and llvmpipe GL.
+        var whole: Partial;
         if round != 0u {
-            reduce_segments(c, t, KIND, reduce_flat_tracked(c, t, segs, round), true);
+            whole = reduce_flat_tracked(c, t, segs, round);
         } else {
-            reduce_segments(c, t, KIND, reduce_flat(c, t), false);
+            whole = reduce_flat(c, t);
         }
+        reduce_segments(c, t, KIND, whole, round != 0u);
     }
 }

@@ -428,7 +428,7 @@ impl Inner {
     /// no-clip, against a plain step: 1.11-1.15x with it, 1.04-1.06x
     /// without). `fused`: the set has fused tensors (`FUSE`), and
     /// `fold_lists`: it needs the per-segment fold's lists (`FOLD_LISTS`,
-    /// always for general p, which tracks no segment); each for the same
+    /// always for a general p, which tracks no segment); each for the same
     /// reason only then. A set with fused tensors has shared chunks.
     pub fn reduce<'a>(
         &self,
@@ -442,7 +442,8 @@ impl Inner {
         let module = (&shaders::element_modules(elem.path).0, &elem.reduce_module);
         let track = per_tensor && shared_chunks;
         let fuse = track && fused;
-        let lists = track && (fold_lists || r.kind() == 2);
+        let general_p = r.kind() == 2 && r.power() == 0;
+        let lists = track && (fold_lists || general_p);
         let (index, entry) = match (per_tensor, track) {
             (false, _) => (0, "reduce"),
             (true, false) => (1, "reduce_tensors"),

@@ -460,8 +460,8 @@ pub(crate) struct Bound {
     /// medium and long segments (WGSL `FOLD_LISTS`): some flat chunk of
     /// several segments is not tracked ([`shaders::tracks_chunk`]) and
     /// holds a segment of at least `tiny_run` elements (the element-wise
-    /// fold takes the shorter ones). Not for general p, which tracks none:
-    /// the host keeps the lists there.
+    /// fold takes the shorter ones). Not for a general (non-integer) p,
+    /// which tracks none: the host keeps the lists there.
     pub fold_lists: bool,
     /// Workgroups of the per-tensor statistics pass (invocations striding
     /// over the split tensors, `tensors_per_invocation` each where there

@@ -353,7 +353,7 @@ pub const SLOT_WORDS: u32 = 1536;
 pub const LANES: u32 = 4;
 
 /// WGSL `tracks_segments` and `tracked_round` together, for a pipeline with
-/// `TRACK` on and an L2 or Inf reduction: whether `reduce_tensors` folds the
+/// `TRACK` on and an L2, Inf or integer-p reduction: whether `reduce_tensors` folds the
 /// segments of a flat chunk of `segments` of them, whose shortest inner one
 /// has `gap` elements (plan::Plan::gap), in its flat walk, on a device with
 /// these overrides.

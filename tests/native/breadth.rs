@@ -392,8 +392,10 @@ fn tracked_segments_a_fast_path_declines_are_folded_exactly() {
     // segment the reduce pass folds in its flat walk, on GPUs and CPU
     // adapters alike, so the pipeline has no lists of long segments
     // (FOLD_LISTS off): the segments whose tracked sum a fast path cannot
-    // keep (an inf, squares that overflow or underflow f32) are folded
-    // again by exact_quads in the invocation that met them.
+    // keep (an inf, squares or cubes that overflow or underflow f32) are
+    // folded again by exact_quads in the invocation that met them, and the
+    // flat chunk's own sum, out of the fast path's window too, by the
+    // general path.
     let sizes: Vec<usize> = (0..40).map(|i| 200 + (i * 7919) % 100).collect();
     let mut data = values(sizes.iter().sum(), 13);
     let start = |t: usize| sizes[..t].iter().sum::<usize>();
@@ -404,10 +406,17 @@ fn tracked_segments_a_fast_path_declines_are_folded_exactly() {
     for x in &mut data[start(13)..start(14)] {
         *x *= 1e-30;
     }
-    for order in [Order::L2, Order::Inf] {
-        let clip = ClipNorm::new(1.0).norm(order.to_norm()).tensor_norms(true);
+    for order in [Order::L2, Order::Inf, Order::P(3.0)] {
+        let clip = ClipNorm::new(1.0).norm(order.to_norm());
+        let (plain, _) = run_clip(&data, &sizes, |set, enc| set.clip_norm(enc, &clip));
+        let clip = clip.tensor_norms(true);
         let (report, _) = run_clip(&data, &sizes, |set, enc| set.clip_norm(enc, &clip));
         let report = report.unwrap();
+        assert_eq!(
+            plain.unwrap().partial.to_bytes(),
+            report.partial.to_bytes(),
+            "{order:?}: tensor_norms moved the global partial"
+        );
         assert!(report.nonfinite && report.tensor_norms[5].is_infinite());
         let what = format!("{order:?}, tracked segments with extreme elements");
         reference::assert_tensor_norms(&report.tensor_norms, &data, &sizes, order, 1e-5, &what);

@@ -261,7 +261,7 @@ fn norms_of_random_16_bit_data_match_float64() {
 /// Hundreds of tensors of 16 to 600 elements, even counts so that no
 /// padding parts them: flat chunks of several segments each, which the
 /// reduce pass folds during its flat walk (reduce.wgsl, tracked_round) on
-/// every 16-bit load path. Each tensor's L2 and Inf norm against float64,
+/// every 16-bit load path. Each tensor's L2, Inf and p = 3 norm against float64,
 /// and the global norm's bits with and without them.
 #[test]
 fn per_tensor_norms_of_hundreds_of_16_bit_tensors_match_float64() {
@@ -278,7 +278,7 @@ fn per_tensor_norms_of_hundreds_of_16_bit_tensors_match_float64() {
             .collect();
         let values = decoded(ty, &bits);
         for (name, clipper) in clippers() {
-            for order in [Order::L2, Order::Inf] {
+            for order in [Order::L2, Order::Inf, Order::P(3.0)] {
                 let clip = ClipNorm::new(f32::MAX).norm(order.to_norm());
                 let (plain, _, _) = run(&clipper, ty, &sizes, &bits, &clip, None);
                 let logged = clip.tensor_norms(true);

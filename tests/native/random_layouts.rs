@@ -132,7 +132,7 @@ proptest! {
     fn tensor_norms_match_float64_and_leave_the_global_norm_alone(
         tensors in prop_oneof![2 => tracked_layout(), 1 => small_tensors_layout()],
         seed in any::<u64>(),
-        // L2 and Inf (tracked in the flat walk), and integer p (not).
+        // L2, Inf and integer p, each tracked in the flat walk.
         order in prop_oneof![2 => Just(Order::L2), 2 => Just(Order::Inf), 1 => Just(Order::P(1.0)), 1 => Just(Order::P(3.0)), 1 => Just(Order::P(8.0))],
         zeros in 0..12usize,
     ) {
