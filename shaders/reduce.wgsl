@@ -241,7 +241,7 @@ fn seg_term(z: vec4<f32>) -> f32 {
 }
 
 // The plain terms of a share of run r, summed in LANES accumulators: the
-// walk of l2_quads and p_int_quads.
+// walk of l2_quads and p_quads for an integer p.
 fn plain_quads(r: Run, sh: Share) -> vec4<f32> {
     var s0 = plain_term(plain_value(edge_bits(r, sh, 0u)));
     var s1 = plain_term(plain_value(edge_bits(r, sh, 1u)));
@@ -397,23 +397,28 @@ fn p_limit(r: PRef, p: f32) -> u32 {
 // time than the whole L2 reduce.
 override POWER: u32 = 0u;
 
-// The p-sum of a share of run r for p = POWER, in one pass: plain powers of
-// |g| (POWER - 1 multiplies each) in LANES accumulators. Kept when the sum
-// is at least 2^-79, for l2_quads's reason (terms that left the normal
-// range add under 2^-30 of it), and finite: then no term overflowed.
-// Else, or for a share of zeros, returns a zero sum for p_quads to redo.
-// A p-sum is (s, m, E) with s = sum / (m * 2^E)^p for any reference at or
+// The p-sum for p = POWER of a share of run r whose plain powers of |g|
+// (POWER - 1 multiplies each: plain_quads, or plain_tracked, which adds
+// the same terms) summed to v. Kept when the sum is at least 2^-79, for
+// l2_quads's reason (terms that left the normal range add under 2^-30 of
+// it), and finite: then no term overflowed. Else, or for a share of zeros,
+// p_general redoes the share, as l2_accept hands the same cases on to
+// exact_quads. A p-sum is (s, m, E) with s = sum / (m * 2^E)^p for any reference at or
 // below the norm (merge_p and finalize take any; s >= 1 keeps the sum in
 // range). Here the reference is 2^E with E = floor(e / POWER) for the
 // sum's exponent e, so s = sum * 2^(-POWER * E), in [1, 2^POWER), is exact
 // exponent arithmetic: no largest element to track (a float max per
 // element, a fifth of the loop's work), and no division.
-fn p_int_quads(r: Run, sh: Share) -> Partial {
-    return p_int_partial(plain_sum(plain_quads(r, sh)));
+fn p_int_accept(r: Run, sh: Share, v: vec4<f32>) -> Partial {
+    let direct = p_int_partial(plain_sum(v));
+    if direct.v.x != 0.0 {
+        return direct;
+    }
+    return p_general(r, sh);
 }
 
 // The p-sum of plain terms that summed to `sum`, or a zero sum where
-// p_int_quads does not keep it.
+// p_int_accept does not keep it.
 fn p_int_partial(sum: f32) -> Partial {
     let bits = bitcast<u32>(sum);
     if bits < L2_SUM_MIN_BITS || bits >= EXP_MASK {
@@ -516,13 +521,10 @@ fn p_general(r: Run, sh: Share) -> Partial {
     return Partial(vec3(max(sum * k, 1.0), d.m, f32(d.e)), 0u);
 }
 
-// The p-sum of a share of run r: an integer p tries p_int_quads first.
+// The p-sum of a share of run r: an integer p tries its plain powers first.
 fn p_quads(r: Run, sh: Share) -> Partial {
     if POWER != 0u {
-        let direct = p_int_quads(r, sh);
-        if direct.v.x != 0.0 {
-            return direct;
-        }
+        return p_int_accept(r, sh, plain_quads(r, sh));
     }
     return p_general(r, sh);
 }
@@ -558,21 +560,18 @@ fn workgroup_fold(start: u32, len: u32, t: u32, kind: u32) {
 // reduce_tensors 8.4 ms against reduce's 4.1 on lavapipe). So where a
 // chunk's segments fit in seg_slots and none inside it is shorter than a
 // block (tracked_round), reduce_tensors folds L2, Inf and integer p
-// segments during the flat walk: each lane keeps the plain sum of squares or powers (or
-// the largest bits) of the segment its quads are in and, having left it,
-// stores it in the segment's slot for that lane and team. A segment's
-// slots are then folded team by team and lane by lane, its elements in
-// the chunk's edge quads last: a fixed order, so the result is
-// deterministic. It is kept where l2_quads or p_int_quads would keep a
+// segments during the flat walk: each lane keeps the plain sum of squares
+// or powers (or the largest bits) of the segment its quads are in and,
+// having left it, stores it in the segment's slot for that lane and team.
+// A segment's slots are then folded team by team and lane by lane, its
+// elements in the chunk's edge quads last: a fixed order, so the result is
+// deterministic. It is kept where l2_accept or p_int_accept would keep a
 // plain sum (the same window, for the same reason); zero sums, sums out of
 // the window and non-finite elements go to the element-wise and
 // per-segment paths below. The flat walk itself adds the same quads to the
 // same accumulators as plain_quads and max_quads, so the global result
 // keeps its bits. General p is not tracked: its terms are relative to a
-// running maximum, which a segment would need its own of. (Integer p,
-// tracked, compiled past wgpu's GL context-lock wait of 6 s on llvmpipe
-// while reduce_tensors inlined reduce_segments once per walk; with one
-// call its first per-tensor step takes 7 s there, against 15.)
+// running maximum, which a segment would need its own of.
 
 // Slots in rows of TEAM: a chunk of S segments needs S + WG / TEAM - 1
 // rows (row (s - first segment) + team, one per segment a team's piece
@@ -899,7 +898,7 @@ fn tracked_partial(r: Run, segs: vec2<u32>, sg: Chunk, s: u32) -> Tracked {
 }
 
 // A segment's partial from its plain sum of terms (L2, integer p) or its
-// largest bits (Inf), where l2_accept, p_int_quads and inf_accept would
+// largest bits (Inf), where l2_accept, p_int_accept and inf_accept would
 // keep it: a sum in the fast path's window, a finite largest element. Not
 // for general p.
 fn plain_partial(sum: f32, top: u32) -> Tracked {
@@ -1325,11 +1324,7 @@ fn reduce_flat_tracked(c: u32, t: u32, segs: vec2<u32>, round: u32) -> Partial {
         if KIND == 0u {
             q = l2_accept(r, sh, v);
         } else {
-            // p_quads' choice, on the sum plain_quads would give.
-            q = p_int_partial(plain_sum(v));
-            if q.v.x == 0.0 {
-                q = p_general(r, sh);
-            }
+            q = p_int_accept(r, sh, v);
         }
     }
     wg_v[t] = q.v;
