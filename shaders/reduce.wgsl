@@ -586,7 +586,11 @@ var<workgroup> seg_slots: array<u32, SLOT_WORDS>;
 
 // Whether this reduce_tensors pipeline folds segments in the flat walk at
 // all, injected by the host (shaders::TRACK_OVERRIDE): off for sets whose
-// chunks each hold one segment. (It was off on SwiftShader, whose Subzero
+// chunks each hold one segment, and for a general p: its terms are taken
+// relative to a running maximum, and a segment's sum would need a
+// reference of its own. The host makes the one decision; a pipeline that
+// tracked a general p would give wrong norms, not slow ones, so the
+// per-tensor tests check it. (It was off on SwiftShader, whose Subzero
 // JIT ran the walk that stopped each lane at its own segment end slower
 // than two walks: 10^4 tensors of 10^3 elements, reduce_tensors 32 ms
 // against 25. The walk in rounds is faster there too.)
@@ -595,7 +599,7 @@ override TRACK: bool = true;
 // Whether reduce_tensors folds the segments [segs.x, segs.y) of a chunk
 // in its flat walk (a uniform choice: it depends on the plan alone).
 fn tracks_segments(segs: vec2<u32>) -> bool {
-    return TRACK && (KIND != 2u || POWER != 0u) && segs.y - segs.x > 1u && (segs.y - segs.x) + WG / TEAM - 1u <= SLOT_WORDS / TEAM;
+    return TRACK && segs.y - segs.x > 1u && (segs.y - segs.x) + WG / TEAM - 1u <= SLOT_WORDS / TEAM;
 }
 
 fn slot(segs: vec2<u32>, s: u32, team: u32, lane: u32) -> u32 {

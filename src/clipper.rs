@@ -442,6 +442,8 @@ impl Inner {
         let module = (&shaders::element_modules(elem.path).0, &elem.reduce_module);
         let track = per_tensor && shared_chunks;
         let fuse = track && fused;
+        // A general p's segments are never tracked (WGSL `TRACK`), so its
+        // long segments always need the lists.
         let general_p = r.kind() == 2 && r.power() == 0;
         let lists = track && (fold_lists || general_p);
         let (index, entry) = match (per_tensor, track) {
@@ -453,7 +455,11 @@ impl Inner {
             ),
         };
         let cell = &elem.reduce[index][r.reduce_variant()];
-        let overrides = Overrides { track, fuse, lists };
+        let overrides = Overrides {
+            track: track && !general_p,
+            fuse,
+            lists,
+        };
         self.lazy(cell, module, entry, Specialised::Reduce(r, overrides))
     }
 

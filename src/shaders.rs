@@ -318,7 +318,9 @@ pub const POWER_OVERRIDE: &str = "POWER";
 /// Name of the reduce pass's pipeline-overridable constant that lets
 /// `reduce_tensors` take per-tensor results from the flat walk's own loads
 /// where a chunk's segments fit its slots (off for sets whose chunks hold
-/// no tensor boundary, which have no use for the tracked walk's code).
+/// no tensor boundary, which have no use for the tracked walk's code, and
+/// for a general p, which the walk cannot track: the shader leaves that
+/// decision to the host).
 pub const TRACK_OVERRIDE: &str = "TRACK";
 /// Name of the reduce pass's pipeline-overridable constant that lets
 /// `reduce_tensors` give fused tensors (whole tensors shorter than the
@@ -353,7 +355,7 @@ pub const SLOT_WORDS: u32 = 1536;
 pub const LANES: u32 = 4;
 
 /// WGSL `tracks_segments` and `tracked_round` together, for a pipeline with
-/// `TRACK` on and an L2, Inf or integer-p reduction: whether `reduce_tensors` folds the
+/// `TRACK` on (which the host gives L2, Inf and integer p only): whether `reduce_tensors` folds the
 /// segments of a flat chunk of `segments` of them, whose shortest inner one
 /// has `gap` elements (plan::Plan::gap), in its flat walk, on a device with
 /// these overrides.
