@@ -898,7 +898,12 @@ fn tracked_partial(r: Run, segs: vec2<u32>, sg: Chunk, s: u32) -> Tracked {
             top = max(top, max4(a));
         }
     }
-    return plain_partial(sum, top);
+    // top is the largest slot's bits, which for p are sums.
+    var one = 0u;
+    if KIND == 2u {
+        one = load_element(sg.start) & ABS_MASK;
+    }
+    return with_one_element(plain_partial(sum, top), sg.len, one);
 }
 
 // A segment's partial from its plain sum of terms (L2, integer p) or its
@@ -926,7 +931,7 @@ fn tiny_partial(sg: Chunk) -> Tracked {
         sum = add_term(sum, a);
         top = max(top, a);
     }
-    return plain_partial(sum, top);
+    return with_one_element(plain_partial(sum, top), sg.len, top);
 }
 
 // sum plus the plain term of the element whose |g| bits are a, rounded
@@ -1062,18 +1067,35 @@ fn past_units(v: u32, units: vec2<u32>) -> u32 {
     return select(v, v + (units.y - units.x), v >= units.x);
 }
 
-// The plain partial of a one-element tensor whose |g| bits are a:
-// tiny_partial's for a segment of that one element, so that a tensor's
-// results do not depend on whether it is in a unit run. For general p,
-// which tiny_partial declines, what exact_quads then gives (add_p): the
-// element's own term, 1, relative to itself, or zeros for a zero; taken
-// here, a finite element's partial skips exact_quads' two edge quads of
+// The plain partial of a one-element segment whose |g| bits are a, what
+// every path gives such a segment (tiny_partial, tracked_partial, a chunk
+// of one element), so that a tensor's results do not depend on whether it
+// is in a unit run. For p, what exact_quads gives it (add_p): the
+// element's own term, 1, relative to itself, or zeros for a zero. Its
+// norm is then exactly |g|, which plain_clip takes (s = 1); an integer
+// p's plain partial, |g|^p relative to a power of two, would send every
+// such tensor to clip_of's log2 and exp2 (p = 3, 200 000 one-element
+// tensors: the per-tensor step 8.6-12.7 times the plain one on lavapipe
+// and llvmpipe, 32 on SwiftShader) and round the root. Taken here, a
+// finite element's partial also skips exact_quads' two edge quads of
 // merge_p (two log2 and an exp2 each, on CPU drivers for every element).
 fn element_partial(a: u32) -> Tracked {
-    if KIND == 2u && POWER == 0u {
+    if KIND == 2u {
         return Tracked(Partial(select(vec3(0.0), p_self(a), a != 0u), 0u), a < EXP_MASK);
     }
     return plain_partial(add_term(0.0, a), a);
+}
+
+// A segment's plain partial k, or for a segment of one element (len 1)
+// whose |g| bits are a, element_partial's. Straight-line for the reason
+// of p_step: the segment loops call it for every segment.
+fn with_one_element(k: Tracked, len: u32, a: u32) -> Tracked {
+    if KIND != 2u {
+        return k;
+    }
+    let one = len == 1u;
+    let e = element_partial(a);
+    return Tracked(Partial(select(k.p.v, e.p.v, one), select(k.p.flags, e.p.flags, one)), select(k.ok, e.ok, one));
 }
 
 // What unit_plain leaves to the queues: nothing, the general path
@@ -1337,9 +1359,19 @@ fn reduce_flat_tracked(c: u32, t: u32, segs: vec2<u32>, round: u32) -> Partial {
     return publish_flat(c, t);
 }
 
-// Stores the workgroup's fold of flat chunk c as its partial and returns it.
+// Stores the workgroup's fold of flat chunk c as its partial and returns it:
+// for a chunk of one element, with_one_element's partial where that is
+// kept, so that a tensor of one element alone in a chunk has the partial
+// it has anywhere else, and its norm is the global one.
 fn publish_flat(c: u32, t: u32) -> Partial {
-    let whole = Partial(wg_v[0], wg_f[0]);
+    var whole = Partial(wg_v[0], wg_f[0]);
+    if KIND == 2u {
+        let ch = chunk_at(c);
+        let k = with_one_element(Tracked(whole, true), ch.len, load_element(ch.start) & ABS_MASK);
+        if k.ok {
+            whole = k.p;
+        }
+    }
     if t == 0u {
         store_partial(c, whole);
     }

@@ -360,9 +360,10 @@ fn runs_of_one_element_tensors_match_float64_and_lone_ones_bits() {
                     (x.is_nan() && got.is_nan()) || rel_diff(got, want) <= 1e-6,
                     "{what}: tensor {t} norm {got:e} vs |x| = {want:e}"
                 );
-                // Inf by the bits, and general p from a partial of s = 1,
-                // which norm_value takes without log2 and exp2: exactly |x|.
-                if x.is_finite() && matches!(order, Order::Inf | Order::P(1.5)) {
+                // Inf by the bits, and p (integer or not) from a partial of
+                // s = 1, which norm_value and plain_clip take without log2
+                // and exp2: exactly |x|.
+                if x.is_finite() && matches!(order, Order::Inf | Order::P(_)) {
                     assert_eq!(got, want, "{what}: tensor {t} norm, exactly |x|");
                 }
             }
@@ -371,6 +372,70 @@ fn runs_of_one_element_tensors_match_float64_and_lone_ones_bits() {
                 assert_close(&after, &want, 1e-5, &what);
             }
         }
+    }
+    assert_no_wgpu_errors();
+}
+
+#[test]
+fn one_element_tensors_have_norm_x_wherever_they_lie() {
+    // A tensor of one element x has norm |x| for every p, and gradclip gives
+    // exactly that for p too (an integer p's plain partial, |x|^p, would come
+    // back through a rounded root), wherever the tensor lies: first and
+    // last in tracked chunks (each chunk of shaders::MIN_CHUNK_ELEMENTS =
+    // 32768 elements here: a one-element tensor, ten of 3000 elements, one
+    // of 2766, a one-element tensor), and alone, where its norm is also
+    // the global one. (Runs of them, and those between short tensors:
+    // runs_of_one_element_tensors_match_float64_and_lone_ones_bits.)
+    let chunks = 8;
+    let mut sizes = Vec::new();
+    for _ in 0..chunks {
+        sizes.push(1);
+        sizes.extend([3000; 10]);
+        sizes.extend([2766, 1]);
+    }
+    let starts = starts_of(&sizes);
+    let mut data = values(starts[sizes.len() - 1] + 1, 15);
+    let ones: Vec<usize> = (0..sizes.len()).filter(|&t| sizes[t] == 1).collect();
+    let specials = [3.7e-39f32, -0.0, 1e-30, -7.3e25];
+    for (k, &t) in ones.iter().enumerate() {
+        // Magnitudes from 2^-100 to 2^100, some subnormal or zero.
+        let x = data[starts[t]] * 2f32.powi(k as i32 * 13 - 100);
+        data[starts[t]] = specials.get(k % 5).copied().unwrap_or(x);
+    }
+    for (tensorflow, order) in [
+        (false, Order::P(1.0)),
+        (true, Order::P(3.0)),
+        (false, Order::P(4.0)),
+        (true, Order::P(1.5)),
+        (false, Order::Inf),
+    ] {
+        let clip = framework_clip(tensorflow, 0.25)
+            .norm(order.to_norm())
+            .per_tensor(true);
+        let what = format!("{order:?} tf={tensorflow}");
+        let (report, after) = run_clip(&data, &sizes, |set, enc| set.clip_norm(enc, &clip));
+        let report = report.unwrap();
+        for (k, &t) in ones.iter().enumerate() {
+            let x = data[starts[t]];
+            let norm = report.tensor_norms[t];
+            assert_eq!(norm, x.abs(), "{what}: tensor {t} ({x:e}), norm");
+            if k % 3 == 0 {
+                let (lone, lone_after) = run_clip(&[x], &[1], |set, enc| set.clip_norm(enc, &clip));
+                let lone = lone.unwrap();
+                assert_eq!(lone.total_norm, x.abs(), "{what}: {x:e} alone, global norm");
+                assert_eq!(
+                    (norm.to_bits(), report.tensor_coefficients[t].to_bits()),
+                    (
+                        lone.tensor_norms[0].to_bits(),
+                        lone.tensor_coefficients[0].to_bits()
+                    ),
+                    "{what}: tensor {t} ({x:e}) against it alone"
+                );
+                assert_identical(&after[starts[t]..starts[t] + 1], &lone_after, &what);
+            }
+        }
+        let (_, want) = per_tensor_reference(&data, &sizes, order, 0.25, tensorflow);
+        assert_close(&after, &want, 1e-5, &what);
     }
     assert_no_wgpu_errors();
 }
