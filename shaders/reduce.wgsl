@@ -1360,15 +1360,16 @@ fn reduce_flat_tracked(c: u32, t: u32, segs: vec2<u32>, round: u32) -> Partial {
 }
 
 // Stores the workgroup's fold of flat chunk c as its partial and returns it:
-// for a chunk of one element, with_one_element's partial where that is
-// kept, so that a tensor of one element alone in a chunk has the partial
-// it has anywhere else, and its norm is the global one.
+// for a p chunk of one element, element_partial's where that is kept, so
+// that a tensor of one element alone in a chunk has the partial it has
+// anywhere else, and its norm is the global one. (Once per workgroup, in
+// uniform control flow: a branch, not with_one_element's selects.)
 fn publish_flat(c: u32, t: u32) -> Partial {
     var whole = Partial(wg_v[0], wg_f[0]);
     if KIND == 2u {
         let ch = chunk_at(c);
-        let k = with_one_element(Tracked(whole, true), ch.len, load_element(ch.start) & ABS_MASK);
-        if k.ok {
+        let k = element_partial(load_element(ch.start) & ABS_MASK);
+        if ch.len == 1u && k.ok {
             whole = k.p;
         }
     }

@@ -444,7 +444,7 @@ impl Inner {
         let fuse = track && fused;
         // A general p's segments are never tracked (WGSL `TRACK`), so its
         // long segments always need the lists.
-        let general_p = r.kind() == 2 && r.power() == 0;
+        let general_p = matches!(r, Reduction::P { power: 0 });
         let lists = track && (fold_lists || general_p);
         let (index, entry) = match (per_tensor, track) {
             (false, _) => (0, "reduce"),
