@@ -34,7 +34,7 @@ cargo fmt -p gradclip-burn --check
 # core busy (burn's code generation, unoptimised here, and lavapipe's
 # compiles of its kernels, on one thread), and one after the other they
 # took 306 s (clip 161, f16 144) plus the example's 78 on a slow 2-core
-# host, side by side 127 s. Each test binary's tests still run one at a
+# host, side by side 139 s. Each test binary's tests still run one at a
 # time (common::serial).
 echo "== gradclip-burn: build its tests and example"
 cargo test -p gradclip-burn --no-run
