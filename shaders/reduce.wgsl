@@ -213,12 +213,33 @@ fn plain_value(b: vec4<u32>) -> vec4<f32> {
 // each term once more, which must not change how a compiler contracts
 // them, or the global result would depend on asking for per-tensor
 // results.
+//
+// Written out to MAX_POWER, each step under a condition on the override
+// that specialisation makes constant, rather than as a loop to POWER:
+// SwiftShader's Subzero JIT does not unroll loops, so the loop's test and
+// branch ran for every quad (p = 3, 10^7 elements: the plain reduce
+// 37-39 ms against L2's 17-18; unrolled 21-22).
 fn term_base(z: vec4<f32>) -> vec4<f32> {
     if KIND == 0u {
         return z;
     }
     var y = select(z, vec4(1.0), POWER <= 1u);
-    for (var i = 2u; i < POWER; i++) {
+    if POWER > 2u {
+        y *= z;
+    }
+    if POWER > 3u {
+        y *= z;
+    }
+    if POWER > 4u {
+        y *= z;
+    }
+    if POWER > 5u {
+        y *= z;
+    }
+    if POWER > 6u {
+        y *= z;
+    }
+    if POWER > 7u {
         y *= z;
     }
     return y;
@@ -390,12 +411,16 @@ fn p_limit(r: PRef, p: f32) -> u32 {
 }
 
 // The integer p this reduce pipeline is specialised for, 1 to
-// shaders::MAX_POWER, injected by the host (0: general p, and every
-// pipeline of KIND 0 and 1). With it, a term is powered by POWER - 1
-// multiplies, a loop the compiler unrolls: a power chosen per element at
-// run time (a loop or a select of x, x^2, x^4) cost lavapipe a third more
-// time than the whole L2 reduce.
+// MAX_POWER, injected by the host (0: general p, and every pipeline of
+// KIND 0 and 1). With it, a term is powered by POWER - 1 multiplies,
+// written out in term_base: a power chosen per element at run time (a
+// loop or a select of x, x^2, x^4) cost lavapipe a third more time than
+// the whole L2 reduce.
 override POWER: u32 = 0u;
+
+// Largest POWER, the number of steps term_base writes out
+// (shaders::MAX_POWER on the host, checked against this by the tests).
+const MAX_POWER: u32 = 8u;
 
 // The p-sum for p = POWER of a share of run r whose plain powers of |g|
 // (POWER - 1 multiplies each: plain_quads, or plain_tracked, which adds

@@ -400,7 +400,9 @@ pub const REDUCE_WORKGROUP_BYTES_PER_INVOCATION: u32 = 16 + 4;
 pub const TENSOR_STAT_BLOCK: u32 = 8;
 /// Largest integer p with its own reduce pipeline, whose terms are powered
 /// by multiplication: p - 1 multiplies per element beside the general
-/// path's log2 and exp2, and one pipeline per p that a program uses.
+/// path's log2 and exp2, and one pipeline per p that a program uses
+/// (WGSL `MAX_POWER`, to which the reduce shader writes those multiplies
+/// out; the test suite reads it with naga).
 pub const MAX_POWER: u32 = 8;
 /// Name of the pipeline-overridable constant that holds the longest flat
 /// chunk of any set on the device, from which the reduce pass sizes its

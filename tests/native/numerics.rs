@@ -6,6 +6,7 @@ use crate::common;
 
 use common::reference::{self, assert_close, Order};
 use common::{assert_no_wgpu_errors, download, rel_diff, run_clip, upload};
+use gradclip::shaders::MAX_POWER;
 use gradclip::{ClipNorm, GradLayout};
 
 /// xorshift64*: reproducible values without a dependency.
@@ -75,7 +76,7 @@ fn huge_magnitudes_give_the_finite_norm() {
 fn integer_orders_follow_float64_on_either_side_of_the_plain_window() {
     // Integer p up to shaders::MAX_POWER have reduce pipelines of their
     // own that power terms by multiplication and keep a share's plain sum
-    // only inside a window; 9 takes the general path. Each data set puts
+    // only inside a window; MAX_POWER + 1 takes the general path. Each data set puts
     // shares on one side of the window or the other, or both: terms that
     // overflow, terms that underflow, zeros, one huge element among small.
     let mut rng = Rng(9);
@@ -95,7 +96,8 @@ fn integer_orders_follow_float64_on_either_side_of_the_plain_window() {
     }
     let mut halves = unit(131_072, 1.0);
     halves[65_536..].copy_from_slice(&unit(65_536, 1e-20));
-    let orders = [1.0, 3.0, 4.0, 8.0, 9.0].map(Order::P);
+    // Every integer power, for term_base's steps written out one by one.
+    let orders: Vec<Order> = (1..=MAX_POWER + 1).map(|p| Order::P(p.into())).collect();
     check_norms(&ordinary, &[40_000, 30_000], &orders, 1e-5, "ordinary");
     check_norms(&huge, &[3000], &orders, 1e-5, "1e25");
     check_norms(&tiny, &[1000, 2000], &orders, 1e-5, "1e-20");

@@ -487,6 +487,15 @@ fn tensor_stat_block_is_the_hosts() {
     assert!((1..=32).contains(&TENSOR_STAT_BLOCK));
 }
 
+/// The host gives integer p up to MAX_POWER a reduce pipeline of their
+/// own, whose term_base multiplies are written out up to the shader's
+/// MAX_POWER.
+#[test]
+fn max_power_is_the_hosts() {
+    let (module, _) = parse(&REDUCE);
+    assert_eq!(u32_constant(&module, "MAX_POWER"), MAX_POWER);
+}
+
 /// The host picks the tensors that the reduce pass gives their results
 /// (plan::Plan::fused) by the reduce pass's tiny run, from the same
 /// constants.
