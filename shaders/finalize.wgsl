@@ -38,7 +38,7 @@ fn valid_partial(q: Partial, kind: u32) -> bool {
 }
 
 // Tensors an invocation takes between two passes over its queue of those
-// that plain_clip cannot take (a bit each in a u32).
+// that tensor_clip cannot take (a bit each in a u32).
 const STAT_BLOCK: u32 = 8u;
 
 // Tensor i's partial: its segments' partials, folded in order.
@@ -70,7 +70,7 @@ fn tensor_stats(@builtin(global_invocation_id) id: vec3<u32>, @builtin(num_workg
         var queue = 0u;
         for (var j = 0u; j < STAT_BLOCK && base + j * stride < win.split_count; j++) {
             let i = split_tensor(base + j * stride);
-            let pc = plain_clip(tensor_partial(i), sc.unscaling);
+            let pc = tensor_clip(tensor_partial(i), sc.unscaling);
             if pc.ok {
                 clipped = store_tensor_stat(i, pc.c) || clipped;
             } else {

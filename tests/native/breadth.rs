@@ -452,6 +452,76 @@ fn starts_of(sizes: &[usize]) -> Vec<usize> {
 }
 
 #[test]
+fn per_tensor_norms_keep_their_bits_whichever_path_takes_them() {
+    // The per-tensor statistics take a tensor's norm and factor on a plain
+    // path (plain_clip; tensor_clip in tensor_stats, which roots any p
+    // partial) or the general one (clip_of), by the same arithmetic. A
+    // subnormal max_norm sends every tensor to clip_of: the norms must keep
+    // their bits. Tensors of every size class (one element, tiny ones the
+    // reduce pass fuses, tracked ones, ones across chunks), magnitudes
+    // whose p-norms are ordinary, huge, subnormal or overflow.
+    let mut sizes = vec![3000, 1, 17, 20_000, 9, 70_001, 2, 40_000, 33];
+    sizes.extend([500; 40]);
+    sizes.extend([700, 600, 800]);
+    let starts = starts_of(&sizes);
+    let mut data = values(sizes.iter().sum(), 23);
+    let scales = [
+        (1, 1e30f32),
+        (6, 1e-30),
+        (7, 1e-36),
+        (41, 3e38),
+        (43, 1e-41),
+    ];
+    for (t, scale) in scales {
+        for g in &mut data[starts[t]..starts[t] + sizes[t]] {
+            *g *= scale;
+        }
+    }
+    for order in [
+        Order::L2,
+        Order::Inf,
+        Order::P(1.0),
+        Order::P(3.0),
+        Order::P(8.0),
+        Order::P(1.5),
+    ] {
+        for tensorflow in [false, true] {
+            let what = format!("{order:?} tf={tensorflow}");
+            let norms = |max_norm: f32| {
+                let clip = framework_clip(tensorflow, max_norm)
+                    .norm(order.to_norm())
+                    .per_tensor(true);
+                let (report, after) = run_clip(&data, &sizes, |set, enc| set.clip_norm(enc, &clip));
+                (report.unwrap(), after)
+            };
+            let (plain, after) = norms(0.25);
+            let (general, _) = norms(1e-40);
+            assert_eq!(plain.tensor_norms.len(), sizes.len(), "{what}");
+            let pairs = plain.tensor_norms.iter().zip(&general.tensor_norms);
+            for (t, (&a, &b)) in pairs.enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{what}: tensor {t} ({} elements), {a:e} vs clip_of's {b:e}",
+                    sizes[t]
+                );
+            }
+            let (want_norms, want) = per_tensor_reference(&data, &sizes, order, 0.25, tensorflow);
+            for (t, &want) in want_norms.iter().enumerate() {
+                let got = plain.tensor_norms[t] as f64;
+                let overflows = want > f32::MAX as f64;
+                assert!(
+                    (overflows && got.is_infinite()) || rel_diff(got, want) <= 1e-5,
+                    "{what}: tensor {t} norm {got:e} vs {want:e}"
+                );
+            }
+            assert_close(&after, &want, 1e-5, &what);
+        }
+    }
+    assert_no_wgpu_errors();
+}
+
+#[test]
 fn tracked_segments_a_fast_path_declines_are_folded_exactly() {
     // 40 tensors of 200 to 299 elements make one flat chunk whose every
     // segment the reduce pass folds in its flat walk, on GPUs and CPU
