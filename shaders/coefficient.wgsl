@@ -159,7 +159,13 @@ fn coefficient(nv: NormValue, flags: u32) -> Coefficient {
 // can drive a scale to zero after ~150 overflowing steps in a row; PyTorch
 // then unscales by inf and finds every step non-finite, as this does.
 fn usable_scale(s: f32) -> bool {
-    let b = bitcast<u32>(s);
+    return positive_normal(s);
+}
+
+// Whether x is finite, positive and normal, from its bits: a compare
+// would take a flushing driver's subnormal for zero.
+fn positive_normal(x: f32) -> bool {
+    let b = bitcast<u32>(x);
     return b >= 0x00800000u && b < EXP_MASK;
 }
 
@@ -235,16 +241,14 @@ fn tensor_clip(q: Partial, unscaling: bool) -> PlainClip {
         return plain_clip(q, unscaling);
     }
     let norm = norm_value(q, 2u).norm;
-    let b = bitcast<u32>(norm);
-    let ok = q.flags == 0u && plain_clip_usable(unscaling) && (b == 0u || (b >= 0x00800000u && b < EXP_MASK));
+    let ok = q.flags == 0u && plain_clip_usable(unscaling) && (bitcast<u32>(norm) == 0u || positive_normal(norm));
     return PlainClip(Coefficient(norm, plain_factor(norm), SCALE_MULTIPLY), ok);
 }
 
 // Whether plain_clip can take any tensor of this clip: no unscaling, a
 // normal max_norm.
 fn plain_clip_usable(unscaling: bool) -> bool {
-    let max_bits = bitcast<u32>(cfg.max_norm);
-    return !unscaling && max_bits >= 0x00800000u && max_bits < EXP_MASK;
+    return !unscaling && positive_normal(cfg.max_norm);
 }
 
 // coefficient's factor for a finite norm and no flags, where
