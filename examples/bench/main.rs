@@ -195,6 +195,12 @@ impl NormKind {
             NormKind::P1_5 => Some(1.5),
         }
     }
+
+    /// The p of a norm whose terms need a pow (not an integer p), which the
+    /// power roofline is timed with.
+    pub fn general_p(self) -> Option<f64> {
+        self.p().filter(|p| p.fract() != 0.0)
+    }
 }
 
 impl std::fmt::Display for NormKind {
@@ -297,6 +303,8 @@ pub struct RooflineResult {
     pub n: u64,
     pub read: RooflineKernel,
     pub multiply: RooflineKernel,
+    /// The power kernel (|x|^p summed), where a case has a general p.
+    pub power: Option<RooflineKernel>,
     /// Every candidate, fastest first per kind.
     pub tried: Vec<Tried>,
 }
@@ -359,6 +367,12 @@ pub struct CaseResult {
     /// 4 N bytes at the read roofline; scale against 8 N at the multiply
     /// roofline (clip steps).
     pub pass_roofline_fractions: BTreeMap<String, f64>,
+    /// General p only: the power roofline (|x|^p summed, vec4 loads), measured
+    /// in this case's repetitions.
+    pub power_roofline_gbps: Option<f64>,
+    /// General p only: the time the power roofline needs for 4 N bytes / the
+    /// reduce pass's (or reduce+finalize's) time.
+    pub reduce_power_fraction: Option<f64>,
     pub total_norm: f32,
     pub coefficient: f32,
 }
@@ -457,6 +471,8 @@ fn even_sizes(n: u64, t: usize) -> Vec<usize> {
 struct RoofRates {
     read_gbps: f64,
     multiply_gbps: f64,
+    /// The power roofline's, in a general p's cases.
+    power_gbps: Option<f64>,
 }
 
 /// One case's identity.
@@ -493,6 +509,15 @@ impl Case {
         let n = self.n as f64;
         let read_time = roofline.map(|r| 4.0 * n / (r.read_gbps * 1e9));
         let multiply_time = roofline.map(|r| 8.0 * n / (r.multiply_gbps * 1e9));
+        let power_time = roofline
+            .and_then(|r| r.power_gbps)
+            .map(|g| 4.0 * n / (g * 1e9));
+        let reduce_power_fraction = power_time.and_then(|limit| {
+            ["reduce", "reduce+finalize"]
+                .iter()
+                .find_map(|k| passes.get(*k))
+                .map(|&t| limit / t)
+        });
         let mut pass_roofline_fractions = BTreeMap::new();
         if let (Some(read), Some(multiply)) = (read_time, multiply_time) {
             for (name, &t) in &passes {
@@ -530,6 +555,8 @@ impl Case {
             multiply_roofline_gbps: roofline.map(|r| r.multiply_gbps),
             roofline_fraction,
             pass_roofline_fractions,
+            power_roofline_gbps: roofline.and_then(|r| r.power_gbps),
+            reduce_power_fraction,
             total_norm,
             coefficient,
         }
@@ -1004,11 +1031,44 @@ fn main() -> Res<()> {
         let roof = match &rooflines {
             Some(r) if Rooflines::fits(&bench.device, n) => {
                 let set = r.bind(&b.grads, n);
+                // The power kernel only where a case has a general p (the
+                // bench has one, 1.5), and only with vec4 loads.
+                let general_p = args.norms.iter().find_map(|norm| norm.general_p());
+                let power_shapes: Vec<Shape> = match general_p {
+                    Some(_) => shapes
+                        .iter()
+                        .copied()
+                        .filter(|s| Rooflines::has(Kind::Power, s))
+                        .collect(),
+                    None => Vec::new(),
+                };
+                if let Some(p) = general_p {
+                    if power_shapes.is_empty() {
+                        return Err("no roofline shape with vec4 loads for the power kernel".into());
+                    }
+                    r.set_power(&set, p as f32);
+                }
                 r.prepare(Kind::Read, &shapes, true)?;
                 r.prepare(Kind::Multiply, &shapes, true)?;
-                with_ones(&bench, &b, || r.validate(&set, &shapes, &shapes, true))?;
+                r.prepare(Kind::Power, &power_shapes, true)?;
+                with_ones(&bench, &b, || {
+                    r.validate(&set, &shapes, &shapes, &power_shapes, true)
+                })?;
                 let reads = tune(&bench, r, &set, Kind::Read, &shapes, args.tune_reps)?;
                 let muls = tune(&bench, r, &set, Kind::Multiply, &shapes, args.tune_reps)?;
+                let powers = if power_shapes.is_empty() {
+                    Vec::new()
+                } else {
+                    let p = tune(&bench, r, &set, Kind::Power, &power_shapes, args.tune_reps)?;
+                    eprintln!(
+                        "N = {n}: power roofline (p = {}) {} ({:.1} GB/s fastest, {:.1} median)",
+                        general_p.unwrap_or(f64::NAN),
+                        p[0].label,
+                        p[0].min_gbps,
+                        p[0].gbps
+                    );
+                    p
+                };
                 eprintln!(
                     "N = {n}: read roofline {} ({:.1} GB/s fastest, {:.1} median of {}), multiply roofline {} ({:.1} GB/s fastest, {:.1} median)",
                     reads[0].label,
@@ -1019,7 +1079,7 @@ fn main() -> Res<()> {
                     muls[0].min_gbps,
                     muls[0].gbps
                 );
-                Some((set, reads, muls))
+                Some((set, reads, muls, powers))
             }
             Some(_) => {
                 eprintln!("N = {n}: no rooflines (the buffer is larger than one binding)");
@@ -1035,6 +1095,7 @@ fn main() -> Res<()> {
         };
         let (mut copy_medians, mut host_medians) = (Vec::new(), Vec::new());
         let (mut read_medians, mut mul_medians) = (Vec::new(), Vec::new());
+        let mut power_medians = Vec::new();
 
         for &t in tensor_counts {
             if t == 0 || t as u64 > n {
@@ -1079,12 +1140,17 @@ fn main() -> Res<()> {
                         buffers: &b,
                         set: &set,
                         tensor_norms: args.tensor_norms,
-                        roofline: roof.as_ref().map(|(set, reads, muls)| RooflineCase {
-                            rooflines: rooflines.as_ref().expect("rooflines exist"),
-                            set,
-                            read: reads[0].shape,
-                            multiply: muls[0].shape,
-                        }),
+                        roofline: roof
+                            .as_ref()
+                            .map(|(set, reads, muls, powers)| RooflineCase {
+                                rooflines: rooflines.as_ref().expect("rooflines exist"),
+                                set,
+                                read: reads[0].shape,
+                                multiply: muls[0].shape,
+                                power: norm
+                                    .general_p()
+                                    .and_then(|p| Some((powers.first()?.shape, p as f32))),
+                            }),
                         naive: naive_set
                             .as_ref()
                             .filter(|_| args.naive.runs(norm, step))
@@ -1100,14 +1166,18 @@ fn main() -> Res<()> {
                     let copy_seconds = median(&mut m.copy);
                     copy_medians.push(copy_seconds);
                     let device_copy = ("device copy", 8.0 * n as f64 / copy_seconds * 1e-9);
-                    let rates = roof.as_ref().map(|(set, _, _)| {
+                    let rates = roof.as_ref().map(|(set, _, _, _)| {
                         let read = median(&mut m.read_roofline);
                         let multiply = median(&mut m.multiply_roofline);
                         read_medians.push(read);
                         mul_medians.push(multiply);
+                        let power =
+                            (!m.power_roofline.is_empty()).then(|| median(&mut m.power_roofline));
+                        power_medians.extend(power);
                         RoofRates {
                             read_gbps: set.bytes(Kind::Read) as f64 / read * 1e-9,
                             multiply_gbps: set.bytes(Kind::Multiply) as f64 / multiply * 1e-9,
+                            power_gbps: power.map(|t| set.bytes(Kind::Power) as f64 / t * 1e-9),
                         }
                     });
                     case.check("gradclip", total, m.gradclip.1, tol)?;
@@ -1161,7 +1231,7 @@ fn main() -> Res<()> {
             host_gbps: host_seconds.map(|s| 8.0 * n as f64 / s * 1e-9),
         };
         let mut roofline_note = String::new();
-        if let Some((set, reads, muls)) = roof {
+        if let Some((set, reads, muls, powers)) = roof {
             let kernel = |kind: Kind, tried: &Tried, medians: &mut Vec<f64>| {
                 let seconds = median(medians);
                 let bytes = set.bytes(kind);
@@ -1177,11 +1247,22 @@ fn main() -> Res<()> {
                 n,
                 read: kernel(Kind::Read, &reads[0], &mut read_medians),
                 multiply: kernel(Kind::Multiply, &muls[0], &mut mul_medians),
-                tried: reads.into_iter().chain(muls).collect(),
+                power: match powers.first() {
+                    Some(p) if !power_medians.is_empty() => {
+                        Some(kernel(Kind::Power, p, &mut power_medians))
+                    }
+                    _ => None,
+                },
+                tried: reads.into_iter().chain(muls).chain(powers).collect(),
             };
             roofline_note = format!(
-                ", read roofline {:.1} GB/s, multiply roofline {:.1} GB/s",
-                r.read.gbps, r.multiply.gbps
+                ", read roofline {:.1} GB/s, multiply roofline {:.1} GB/s{}",
+                r.read.gbps,
+                r.multiply.gbps,
+                r.power.as_ref().map_or(String::new(), |p| format!(
+                    ", power roofline {:.1} GB/s",
+                    p.gbps
+                ))
             );
             roofline_results.push(r);
         }

@@ -14,8 +14,9 @@ use crate::{cpu, naive, NormKind, Res};
 const GRADCLIP_STAMPS: u32 = gradclip::GradSet::CLIP_TIMESTAMPS;
 const NAIVE_STAMPS: u32 = naive::TIMESTAMPS;
 const COPY_STAMPS: u32 = 2;
-/// Begin and end of the read roofline's pass, then of the multiply's.
-const ROOFLINE_STAMPS: u32 = 4;
+/// Begin and end of the read roofline's pass, then of the multiply's, then
+/// of the power kernel's (general p cases).
+const ROOFLINE_STAMPS: u32 = 6;
 const GRADCLIP_REGION: u32 = 0;
 const TENSOR_NORMS_REGION: u32 = GRADCLIP_REGION + GRADCLIP_STAMPS;
 const NAIVE_REGION: u32 = TENSOR_NORMS_REGION + GRADCLIP_STAMPS;
@@ -100,6 +101,8 @@ pub struct RooflineCase<'a> {
     pub set: &'a RooflineSet,
     pub read: Shape,
     pub multiply: Shape,
+    /// The power kernel's shape and the case's p, in a general p's case.
+    pub power: Option<(Shape, f32)>,
 }
 
 /// One case: the same clip by every implementation that runs it.
@@ -124,6 +127,8 @@ pub struct CaseSamples {
     /// Read and multiply roofline times, on the run's basis.
     pub read_roofline: Vec<f64>,
     pub multiply_roofline: Vec<f64>,
+    /// Power roofline times (general p cases; else empty).
+    pub power_roofline: Vec<f64>,
     pub naive: Option<(Samples, (f32, f32))>,
     pub cpu: Option<(Samples, (f32, f32))>,
     /// Device copy of the whole buffer, on the run's basis.
@@ -207,6 +212,7 @@ impl Bench {
         let shape = match kind {
             Kind::Read => &r.read,
             Kind::Multiply => &r.multiply,
+            Kind::Power => &r.power.as_ref().ok_or("no power roofline in this case")?.0,
         };
         let mut enc = self.encoder("bench roofline");
         let t0 = Instant::now();
@@ -246,6 +252,10 @@ impl Bench {
             r.rooflines.prepare(Kind::Read, &[r.read], true)?;
             r.rooflines.prepare(Kind::Multiply, &[r.multiply], true)?;
             r.rooflines.set_factor(r.set, 1.0);
+            if let Some((shape, p)) = r.power {
+                r.rooflines.prepare(Kind::Power, &[shape], true)?;
+                r.rooflines.set_power(r.set, p);
+            }
         }
         let queries = self.queries.as_ref().filter(|_| self.timestamps);
         let mut g = Samples::new(self.reps);
@@ -255,6 +265,7 @@ impl Bench {
         let mut copy = Vec::with_capacity(self.reps);
         let mut host_copy = Vec::with_capacity(self.reps);
         let (mut read_wall, mut mul_wall) = (Vec::new(), Vec::new());
+        let mut power_wall = Vec::new();
         let mut cpu_out = (0.0, 0.0);
         let (mut report, mut report_tn) = (None, None);
 
@@ -313,9 +324,14 @@ impl Bench {
                 let first = self.slot(ROOFLINE_REGION, ROOFLINE_STAMPS, r);
                 let read = self.roofline_pass(rf, Kind::Read, first)?;
                 let mul = self.roofline_pass(rf, Kind::Multiply, first + 2)?;
+                let power = match rf.power {
+                    Some(_) => Some(self.roofline_pass(rf, Kind::Power, first + 4)?),
+                    None => None,
+                };
                 if keep {
                     read_wall.push(read);
                     mul_wall.push(mul);
+                    power_wall.extend(power);
                 }
             }
 
@@ -365,16 +381,21 @@ impl Bench {
                 .collect();
         }
         let (mut read_roofline, mut multiply_roofline) = (read_wall, mul_wall);
+        let mut power_roofline = power_wall;
         if self.gpu_basis && c.roofline.is_some() {
             let stamps = self.region(ROOFLINE_REGION, ROOFLINE_STAMPS)?;
-            read_roofline = stamps
-                .chunks_exact(4)
-                .map(|p| (p[1] - p[0]) * 1e-9)
-                .collect();
-            multiply_roofline = stamps
-                .chunks_exact(4)
-                .map(|p| (p[3] - p[2]) * 1e-9)
-                .collect();
+            let per_rep = ROOFLINE_STAMPS as usize;
+            let pass = |k: usize| -> Vec<f64> {
+                stamps
+                    .chunks_exact(per_rep)
+                    .map(|p| (p[k + 1] - p[k]) * 1e-9)
+                    .collect()
+            };
+            read_roofline = pass(0);
+            multiply_roofline = pass(2);
+            if c.roofline.as_ref().is_some_and(|r| r.power.is_some()) {
+                power_roofline = pass(4);
+            }
         }
         if queries.is_some() {
             self.gradclip_passes(&mut g, GRADCLIP_REGION)?;
@@ -407,6 +428,7 @@ impl Bench {
             },
             read_roofline,
             multiply_roofline,
+            power_roofline,
             naive,
             cpu: cp.map(|s| (s, cpu_out)),
             copy,

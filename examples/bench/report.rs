@@ -94,13 +94,16 @@ pub fn markdown(run: &Run) -> String {
     if !run.rooflines.is_empty() {
         let _ = writeln!(
             o,
-            "\n### Rooflines (what a compute shader reaches here)\n\nThe fastest of the candidate shapes of each kind (by the fastest repetition of a short interleaved tuning run; all of them are in the JSON's `tried`), then timed in every case's repetitions like the copy; GB/s is the median over the cases of each N. Read: a sum of vec4 loads, 16 bytes per vec4. Multiply: in place, 16 read + 16 written. Step roofline: the effective GB/s of a clip step whose 4 N bytes read go at the read roofline and 8 N at the multiply roofline.\n"
+            "\n### Rooflines (what a compute shader reaches here)\n\nThe fastest of the candidate shapes of each kind (by the fastest repetition of a short interleaved tuning run; all of them are in the JSON's `tried`), then timed in every case's repetitions like the copy; GB/s is the median over the cases of each N. Read: a sum of vec4 loads, 16 bytes per vec4. Multiply: in place, 16 read + 16 written. Step roofline: the effective GB/s of a clip step whose 4 N bytes read go at the read roofline and 8 N at the multiply roofline. Power (where a case has a general p): the read with |x|^p summed, the floor of a general p's reduce; power / read is its time over the read's.\n"
         );
         let _ = writeln!(
             o,
-            "| N | read GB/s | read shape | multiply GB/s | multiply shape | read / copy | multiply / copy | clip-step roofline GB/s | candidates |"
+            "| N | read GB/s | read shape | multiply GB/s | multiply shape | read / copy | multiply / copy | clip-step roofline GB/s | power GB/s | power shape | power / read | candidates |"
         );
-        let _ = writeln!(o, "|---:|---:|---|---:|---|---:|---:|---:|---:|");
+        let _ = writeln!(
+            o,
+            "|---:|---:|---|---:|---|---:|---:|---:|---:|---|---:|---:|"
+        );
         for r in &run.rooflines {
             let copy = run
                 .copy
@@ -108,9 +111,17 @@ pub fn markdown(run: &Run) -> String {
                 .find(|c| c.n == r.n)
                 .map_or(f64::NAN, |c| c.gbps);
             let step = 12.0 / (4.0 / r.read.gbps + 8.0 / r.multiply.gbps);
+            let (power_gbps, power_shape, power_over_read) = match &r.power {
+                Some(p) => (
+                    format!("{:.1}", p.gbps),
+                    p.label.clone(),
+                    sig(r.read.gbps / p.gbps),
+                ),
+                None => ("–".into(), "–".into(), "–".into()),
+            };
             let _ = writeln!(
                 o,
-                "| {} | {:.1} | {} | {:.1} | {} | {} | {} | {:.1} | {} |",
+                "| {} | {:.1} | {} | {:.1} | {} | {} | {} | {:.1} | {} | {} | {} | {} |",
                 r.n,
                 r.read.gbps,
                 r.read.label,
@@ -119,7 +130,13 @@ pub fn markdown(run: &Run) -> String {
                 sig(r.read.gbps / copy),
                 sig(r.multiply.gbps / copy),
                 step,
-                r.tried.len() / 2
+                power_gbps,
+                power_shape,
+                power_over_read,
+                r.tried
+                    .iter()
+                    .filter(|t| t.kind == crate::roofline::Kind::Read)
+                    .count()
             );
         }
     }
@@ -206,15 +223,15 @@ pub fn markdown(run: &Run) -> String {
     };
     let _ = writeln!(
         o,
-        "\n### gradclip against its limits and baselines (same run)\n\n% roof: the step against the rooflines (read for a no-clip step, read + multiply for a clip step); reduce % read and scale % multiply: those passes against the rooflines (reduce+finalize where the device has no timestamps inside passes); tensor norms / plain: the same clip with `tensor_norms(true)` / without; / L2: this norm's time / the L2 time of the same case. Baseline ratios: their time / gradclip's (above 1: gradclip is faster).\n"
+        "\n### gradclip against its limits and baselines (same run)\n\n% roof: the step against the rooflines (read for a no-clip step, read + multiply for a clip step); reduce % read and scale % multiply: those passes against the rooflines (reduce+finalize where the device has no timestamps inside passes); tensor norms / plain: the same clip with `tensor_norms(true)` / without; / L2: this norm's time / the L2 time of the same case; general p only, reduce % power: the reduce against the power roofline (|x|^p summed), and power / read: that roofline's time / the read roofline's, the least a general p's reduce can take over the read (against / L2). Baseline ratios: their time / gradclip's (above 1: gradclip is faster).\n"
     );
     let _ = writeln!(
         o,
-        "| N | tensors | norm | step | % copy | % roof | reduce % read | scale % multiply | tensor norms / plain | / L2 | naive / gradclip | naive record / gradclip record | cpu / gradclip (wall) |"
+        "| N | tensors | norm | step | % copy | % roof | reduce % read | scale % multiply | tensor norms / plain | / L2 | reduce % power | power / read | naive / gradclip | naive record / gradclip record | cpu / gradclip (wall) |"
     );
     let _ = writeln!(
         o,
-        "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for g in run
         .results
@@ -226,7 +243,7 @@ pub fn markdown(run: &Run) -> String {
         let tn = find("gradclip-tensor-norms", g);
         let _ = writeln!(
             o,
-            "| {} | {} | {} | {} | {}% | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {}% | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             g.n,
             g.tensors,
             g.norm,
@@ -237,6 +254,11 @@ pub fn markdown(run: &Run) -> String {
             percent(pass_fraction(g, &["scale"])),
             tn.map_or("–".into(), |r| sig(r.seconds / g.seconds)),
             l2(g).map_or("–".into(), |r| sig(g.seconds / r.seconds)),
+            percent(g.reduce_power_fraction),
+            match (g.read_roofline_gbps, g.power_roofline_gbps) {
+                (Some(read), Some(power)) => sig(read / power),
+                _ => "–".into(),
+            },
             naive.map_or("–".into(), |r| sig(r.seconds / g.seconds)),
             naive
                 .and_then(|r| Some(r.record_seconds? / g.record_seconds?))

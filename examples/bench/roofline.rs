@@ -1,5 +1,6 @@
 //! The rooflines (`roofline.wgsl`, `roofline_scalar.wgsl`): a read-only sum
-//! and an in-place multiply, the simplest kernels that move a clip's bytes.
+//! and an in-place multiply, the simplest kernels that move a clip's bytes,
+//! and a sum of powers, the simplest reduce a general p can have.
 //! Their loop shape (load width, accumulators, workgroup size and count,
 //! walk) is a [`Shape`]; the bench times several and keeps the fastest.
 
@@ -89,6 +90,9 @@ pub enum Kind {
     Read,
     /// Multiplies it in place: 16 bytes read and 16 written per vec4.
     Multiply,
+    /// Sums |x|^p over the buffer (vec4 loads only): the read's 16 bytes
+    /// per vec4, with a pow per element.
+    Power,
 }
 
 impl Kind {
@@ -96,6 +100,7 @@ impl Kind {
         match self {
             Kind::Read => "read",
             Kind::Multiply => "multiply",
+            Kind::Power => "power",
         }
     }
 }
@@ -129,6 +134,7 @@ impl Shape {
         let prefix = match kind {
             Kind::Read => "read",
             Kind::Multiply => "mul",
+            Kind::Power => "pow",
         };
         format!("{prefix}_{}", self.load.name())
     }
@@ -151,7 +157,7 @@ struct Params {
     len4: u32,
     len1: u32,
     factor: f32,
-    _pad: u32,
+    p: f32,
 }
 
 /// The shader modules and layouts, made once per device; pipelines are
@@ -187,7 +193,7 @@ impl RooflineSet {
     /// Bytes one run of `kind` moves.
     pub fn bytes(&self, kind: Kind) -> u64 {
         match kind {
-            Kind::Read => 16 * self.len4,
+            Kind::Read | Kind::Power => 16 * self.len4,
             Kind::Multiply => 32 * self.len4,
         }
     }
@@ -294,6 +300,12 @@ impl Rooflines {
         })
     }
 
+    /// Whether `kind` has a kernel with `shape`'s loads (the power kernel
+    /// loads vec4 only).
+    pub fn has(kind: Kind, shape: &Shape) -> bool {
+        kind != Kind::Power || shape.load == Load::Vec4
+    }
+
     /// Whether `shape` can run on this device.
     pub fn supports(&self, shape: &Shape) -> bool {
         let l = self.device.limits();
@@ -335,8 +347,16 @@ impl Rooflines {
             (_, true) => &self.scalar,
             (_, false) => &self.scalar_unchecked,
         };
+        if !Self::has(kind, shape) {
+            return Err(format!(
+                "no {} roofline with {} loads",
+                kind.name(),
+                shape.load.name()
+            )
+            .into());
+        }
         let layout = match kind {
-            Kind::Read => &self.read_pipeline_layout,
+            Kind::Read | Kind::Power => &self.read_pipeline_layout,
             Kind::Multiply => &self.mul_pipeline_layout,
         };
         let label = format!("roofline {} {}", kind.name(), shape.label());
@@ -441,21 +461,34 @@ impl Rooflines {
             readback,
             len4,
         };
-        self.set_factor(&set, 1.0);
+        let params = Params {
+            len4: len4 as u32,
+            len1: 4 * len4 as u32,
+            factor: 1.0,
+            p: 1.0,
+        };
+        self.queue
+            .write_buffer(&set.params, 0, bytemuck::bytes_of(&params));
         set
     }
 
     /// The multiply kernel's constant (a queue write: outside timed loops).
     /// Timed runs multiply by 1, which no driver can know from a uniform.
     pub fn set_factor(&self, set: &RooflineSet, factor: f32) {
-        let params = Params {
-            len4: set.len4 as u32,
-            len1: 4 * set.len4 as u32,
-            factor,
-            _pad: 0,
-        };
-        self.queue
-            .write_buffer(&set.params, 0, bytemuck::bytes_of(&params));
+        self.queue.write_buffer(
+            &set.params,
+            std::mem::offset_of!(Params, factor) as u64,
+            bytemuck::bytes_of(&factor),
+        );
+    }
+
+    /// The power kernel's exponent (a queue write: outside timed loops).
+    pub fn set_power(&self, set: &RooflineSet, p: f32) {
+        self.queue.write_buffer(
+            &set.params,
+            std::mem::offset_of!(Params, p) as u64,
+            bytemuck::bytes_of(&p),
+        );
     }
 
     /// Records one run of `kind` with `shape` into `pass`. The pipeline must
@@ -473,7 +506,7 @@ impl Rooflines {
         pass.set_bind_group(
             0,
             match kind {
-                Kind::Read => &set.read,
+                Kind::Read | Kind::Power => &set.read,
                 Kind::Multiply => &set.mul,
             },
             &[],
@@ -507,9 +540,15 @@ impl Rooflines {
         Ok(())
     }
 
-    /// The float64 sum of the partials a read with `shape` wrote.
-    fn read_sum(&self, set: &RooflineSet, shape: &Shape, checked_module: bool) -> Res<f64> {
-        self.run_once(set, Kind::Read, shape, checked_module)?;
+    /// The float64 sum of the partials a read (or power) with `shape` wrote.
+    fn sum_of(
+        &self,
+        set: &RooflineSet,
+        kind: Kind,
+        shape: &Shape,
+        checked_module: bool,
+    ) -> Res<f64> {
+        self.run_once(set, kind, shape, checked_module)?;
         let bytes = shape.workgroups as u64 * 4;
         let mut enc = self
             .device
@@ -528,13 +567,16 @@ impl Rooflines {
     /// Checks every shape on a buffer of ones (the caller fills the bound
     /// buffer with 1.0 first and restores it after): each read shape must
     /// sum to the element count, each multiply shape must double every
-    /// element (read back by the first read shape) and halve it again. A
-    /// shape that skips or repeats elements fails here, before any timing.
+    /// element (read back by the first read shape) and halve it again, and
+    /// each power shape must sum to the element count too (1^p is 1, to
+    /// within pow's rounding). A shape that skips or repeats elements fails
+    /// here, before any timing.
     pub fn validate(
         &self,
         set: &RooflineSet,
         reads: &[Shape],
         muls: &[Shape],
+        powers: &[Shape],
         checked_module: bool,
     ) -> Res<()> {
         let elements = 4.0 * set.len4 as f64;
@@ -565,16 +607,27 @@ impl Rooflines {
             }
         };
         for s in reads {
-            let sum = self.read_sum(set, s, checked_module)?;
+            let sum = self.sum_of(set, Kind::Read, s, checked_module)?;
             check("read", s, sum, elements, s)?;
+        }
+        for s in powers {
+            // A driver's pow of 1 may be off by an ulp or two.
+            let sum = self.sum_of(set, Kind::Power, s, checked_module)?;
+            if (sum - elements).abs() > 1e-5 * elements {
+                return Err(format!(
+                    "roofline power {} wrong: sum {sum} of ones where {elements} was expected",
+                    s.label()
+                )
+                .into());
+            }
         }
         for s in muls {
             self.set_factor(set, 2.0);
             self.run_once(set, Kind::Multiply, s, checked_module)?;
-            let doubled = self.read_sum(set, &reference, checked_module)?;
+            let doubled = self.sum_of(set, Kind::Read, &reference, checked_module)?;
             self.set_factor(set, 0.5);
             self.run_once(set, Kind::Multiply, s, checked_module)?;
-            let restored = self.read_sum(set, &reference, checked_module)?;
+            let restored = self.sum_of(set, Kind::Read, &reference, checked_module)?;
             check("multiply", s, doubled, 2.0 * elements, &reference)?;
             check("multiply", s, restored, elements, &reference)?;
         }

@@ -5,8 +5,10 @@
 // the loop comes from pipeline overrides; the bench times several shapes
 // and keeps the fastest, so the roofline is the driver's, not one guess's.
 //
-// This file loads vec4<f32>; roofline_scalar.wgsl has the same kernels with
-// scalar loads, to show what the load width is worth.
+// This file loads vec4<f32>; roofline_scalar.wgsl has the read and multiply
+// kernels with scalar loads, to show what the load width is worth. The
+// power kernel (pow_vec4) is the floor of a general p's reduce: what the
+// same read costs once every element is raised to p.
 
 // Invocations per workgroup; the final tree reduction halves it, so a power of two.
 override WG: u32 = 256u;
@@ -27,7 +29,7 @@ struct Params {
     len4: u32,   // vec4 elements the kernels cover
     len1: u32,   // the same as f32 elements (4 len4), for the scalar kernels
     factor: f32, // the multiply kernel's constant
-    _pad: u32,
+    p: f32,      // the power kernel's exponent
 }
 
 @group(0) @binding(0) var<storage, read> src: array<vec4<f32>>;
@@ -122,6 +124,53 @@ fn read_vec4(
     }
     for (; i < w.end; i += st) {
         a0 += src[i];
+    }
+    let v = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7));
+    workgroup_total(wg.x, lid, (v.x + v.y) + (v.z + v.w));
+}
+
+// pow_vec4 — reads: src[0 .. params.len4). Writes: partials[wg] = the sum
+// of |x|^params.p over the components its workgroup read. Dispatch: (G, 1,
+// 1), any G; read_vec4's loop with pow in place of the load's value. The
+// simplest kernel a norm of general p can be: one pow (a log2 and an exp2 on
+// every driver) per element, no guard against over- or underflow.
+@compute @workgroup_size(WG)
+fn pow_vec4(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let w = walk(wg.x, groups.x, lid, params.len4);
+    let st = w.stride;
+    let p = vec4(params.p);
+    var a0 = vec4<f32>();
+    var a1 = vec4<f32>();
+    var a2 = vec4<f32>();
+    var a3 = vec4<f32>();
+    var a4 = vec4<f32>();
+    var a5 = vec4<f32>();
+    var a6 = vec4<f32>();
+    var a7 = vec4<f32>();
+    var i = w.first;
+    while i + (ACC - 1u) * st < w.end {
+        a0 += pow(abs(src[i]), p);
+        if ACC >= 2u {
+            a1 += pow(abs(src[i + st]), p);
+        }
+        if ACC >= 4u {
+            a2 += pow(abs(src[i + 2u * st]), p);
+            a3 += pow(abs(src[i + 3u * st]), p);
+        }
+        if ACC >= 8u {
+            a4 += pow(abs(src[i + 4u * st]), p);
+            a5 += pow(abs(src[i + 5u * st]), p);
+            a6 += pow(abs(src[i + 6u * st]), p);
+            a7 += pow(abs(src[i + 7u * st]), p);
+        }
+        i += ACC * st;
+    }
+    for (; i < w.end; i += st) {
+        a0 += pow(abs(src[i]), p);
     }
     let v = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7));
     workgroup_total(wg.x, lid, (v.x + v.y) + (v.z + v.w));

@@ -196,7 +196,7 @@ fn sweep_size(
     for kind in [Kind::Read, Kind::Multiply] {
         rooflines.prepare(kind, shapes, true)?;
     }
-    rooflines.validate(set, shapes, shapes, true)?;
+    rooflines.validate(set, shapes, shapes, &[], true)?;
     for kind in [Kind::Read, Kind::Multiply] {
         let jobs: Vec<Job> = shapes
             .iter()
@@ -230,12 +230,13 @@ fn sweep_size(
     // with them, in one interleaved run.
     let mut runtime_checks = Vec::new();
     for &(kind, shape) in &best {
-        let (reads, muls) = match kind {
-            Kind::Read => (vec![shape], vec![]),
-            Kind::Multiply => (vec![], vec![shape]),
+        let (reads, muls, powers) = match kind {
+            Kind::Read => (vec![shape], vec![], vec![]),
+            Kind::Multiply => (vec![], vec![shape], vec![]),
+            Kind::Power => (vec![], vec![], vec![shape]),
         };
         rooflines.prepare(kind, &[shape], false)?;
-        rooflines.validate(set, &reads, &muls, false)?;
+        rooflines.validate(set, &reads, &muls, &powers, false)?;
         let jobs: Vec<Job> = [true, false]
             .into_iter()
             .map(|checked| {
