@@ -14,16 +14,19 @@ use crate::{cpu, naive, NormKind, Res};
 const GRADCLIP_STAMPS: u32 = gradclip::GradSet::CLIP_TIMESTAMPS;
 const NAIVE_STAMPS: u32 = naive::TIMESTAMPS;
 const COPY_STAMPS: u32 = 2;
-/// Begin and end of the read roofline's pass, then of the multiply's, then
-/// of the power kernel's (general p cases).
-const ROOFLINE_STAMPS: u32 = 6;
+/// Begin and end of the read roofline's pass, then of the multiply's.
+const ROOFLINE_STAMPS: u32 = 4;
+/// Begin and end of the power roofline's pass: a region of its own, read
+/// back only in the general p cases that write it.
+const POWER_STAMPS: u32 = 2;
 const GRADCLIP_REGION: u32 = 0;
 const TENSOR_NORMS_REGION: u32 = GRADCLIP_REGION + GRADCLIP_STAMPS;
 const NAIVE_REGION: u32 = TENSOR_NORMS_REGION + GRADCLIP_STAMPS;
 const COPY_REGION: u32 = NAIVE_REGION + NAIVE_STAMPS;
 const ROOFLINE_REGION: u32 = COPY_REGION + COPY_STAMPS;
+const POWER_REGION: u32 = ROOFLINE_REGION + ROOFLINE_STAMPS;
 /// Queries one repetition of a case can write.
-pub const STAMPS_PER_REP: u32 = ROOFLINE_REGION + ROOFLINE_STAMPS;
+pub const STAMPS_PER_REP: u32 = POWER_REGION + POWER_STAMPS;
 
 /// The device and what every measurement shares.
 pub struct Bench {
@@ -325,7 +328,11 @@ impl Bench {
                 let read = self.roofline_pass(rf, Kind::Read, first)?;
                 let mul = self.roofline_pass(rf, Kind::Multiply, first + 2)?;
                 let power = match rf.power {
-                    Some(_) => Some(self.roofline_pass(rf, Kind::Power, first + 4)?),
+                    Some(_) => Some(self.roofline_pass(
+                        rf,
+                        Kind::Power,
+                        self.slot(POWER_REGION, POWER_STAMPS, r),
+                    )?),
                     None => None,
                 };
                 if keep {
@@ -384,17 +391,20 @@ impl Bench {
         let mut power_roofline = power_wall;
         if self.gpu_basis && c.roofline.is_some() {
             let stamps = self.region(ROOFLINE_REGION, ROOFLINE_STAMPS)?;
-            let per_rep = ROOFLINE_STAMPS as usize;
-            let pass = |k: usize| -> Vec<f64> {
-                stamps
-                    .chunks_exact(per_rep)
-                    .map(|p| (p[k + 1] - p[k]) * 1e-9)
-                    .collect()
-            };
-            read_roofline = pass(0);
-            multiply_roofline = pass(2);
+            read_roofline = stamps
+                .chunks_exact(4)
+                .map(|p| (p[1] - p[0]) * 1e-9)
+                .collect();
+            multiply_roofline = stamps
+                .chunks_exact(4)
+                .map(|p| (p[3] - p[2]) * 1e-9)
+                .collect();
             if c.roofline.as_ref().is_some_and(|r| r.power.is_some()) {
-                power_roofline = pass(4);
+                power_roofline = self
+                    .region(POWER_REGION, POWER_STAMPS)?
+                    .chunks_exact(2)
+                    .map(|p| (p[1] - p[0]) * 1e-9)
+                    .collect();
             }
         }
         if queries.is_some() {
