@@ -131,10 +131,10 @@ impl Shape {
     }
 
     fn entry_point(&self, kind: Kind) -> String {
+        // The power roofline is the read kernel with its POW override set.
         let prefix = match kind {
-            Kind::Read => "read",
+            Kind::Read | Kind::Power => "read",
             Kind::Multiply => "mul",
-            Kind::Power => "pow",
         };
         format!("{prefix}_{}", self.load.name())
     }
@@ -361,6 +361,16 @@ impl Rooflines {
         };
         let label = format!("roofline {} {}", kind.name(), shape.label());
         let entry = shape.entry_point(kind);
+        let mut constants = vec![
+            ("WG", shape.workgroup_size as f64),
+            ("ACC", shape.acc as f64),
+            shape.walk.constants()[0],
+            shape.walk.constants()[1],
+        ];
+        // Only the vec4 module declares POW, and only its read uses it.
+        if kind == Kind::Power {
+            constants.push(("POW", 1.0));
+        }
         let pipeline = checked(&self.device, &label, || {
             self.device
                 .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
@@ -369,12 +379,7 @@ impl Rooflines {
                     module,
                     entry_point: Some(&entry),
                     compilation_options: wgpu::PipelineCompilationOptions {
-                        constants: &[
-                            ("WG", shape.workgroup_size as f64),
-                            ("ACC", shape.acc as f64),
-                            shape.walk.constants()[0],
-                            shape.walk.constants()[1],
-                        ],
+                        constants: &constants,
                         ..Default::default()
                     },
                     cache: None,

@@ -7,8 +7,8 @@
 //
 // This file loads vec4<f32>; roofline_scalar.wgsl has the read and multiply
 // kernels with scalar loads, to show what the load width is worth. The
-// power kernel (pow_vec4) is the floor of a general p's reduce: what the
-// same read costs once every element is raised to p.
+// read with POW set is the power roofline, the floor of a general p's
+// reduce: what the same read costs once every element is raised to p.
 
 // Invocations per workgroup; the final tree reduction halves it, so a power of two.
 override WG: u32 = 256u;
@@ -24,12 +24,18 @@ override ACC: u32 = 4u;
 override WALK: u32 = 0u;
 // Invocations per team of walk 3; divides WG.
 override TEAM: u32 = 8u;
+// read_vec4 sums |x|^params.p instead of x: the power roofline. An override
+// rather than an entry point of its own, so that the two kernels cannot
+// drift apart; the branch in term() is a constant once it is set, and
+// every driver here folds it (the read's throughput is the same as with
+// no branch at all, measured in the commit that made this one kernel).
+override POW: bool = false;
 
 struct Params {
     len4: u32,   // vec4 elements the kernels cover
     len1: u32,   // the same as f32 elements (4 len4), for the scalar kernels
     factor: f32, // the multiply kernel's constant
-    p: f32,      // the power kernel's exponent
+    p: f32,      // the exponent of the read's terms where POW is set
 }
 
 @group(0) @binding(0) var<storage, read> src: array<vec4<f32>>;
@@ -83,9 +89,20 @@ fn workgroup_total(wg: u32, lid: u32, v: f32) {
     }
 }
 
+// What read_vec4 sums for a loaded vec4: x, or |x|^p under POW (one pow,
+// a log2 and an exp2 on every driver, per element, and no guard against
+// over- or underflow: the simplest kernel a norm of general p can be).
+fn term(x: vec4<f32>) -> vec4<f32> {
+    if POW {
+        return pow(abs(x), vec4(params.p));
+    }
+    return x;
+}
+
 // read_vec4 — reads: src[0 .. params.len4). Writes: partials[wg] = the sum
-// of the vec4 components its workgroup read. Dispatch: (G, 1, 1), any G;
-// each invocation keeps ACC vec4 accumulators, ACC loads per iteration.
+// of term() of the vec4s its workgroup read, over their components.
+// Dispatch: (G, 1, 1), any G; each invocation keeps ACC vec4 accumulators,
+// ACC loads per iteration.
 @compute @workgroup_size(WG)
 fn read_vec4(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -106,71 +123,24 @@ fn read_vec4(
     // The ACC guards are constants once the overrides are set: the driver
     // sees straight-line code with exactly ACC independent loads.
     while i + (ACC - 1u) * st < w.end {
-        a0 += src[i];
+        a0 += term(src[i]);
         if ACC >= 2u {
-            a1 += src[i + st];
+            a1 += term(src[i + st]);
         }
         if ACC >= 4u {
-            a2 += src[i + 2u * st];
-            a3 += src[i + 3u * st];
+            a2 += term(src[i + 2u * st]);
+            a3 += term(src[i + 3u * st]);
         }
         if ACC >= 8u {
-            a4 += src[i + 4u * st];
-            a5 += src[i + 5u * st];
-            a6 += src[i + 6u * st];
-            a7 += src[i + 7u * st];
+            a4 += term(src[i + 4u * st]);
+            a5 += term(src[i + 5u * st]);
+            a6 += term(src[i + 6u * st]);
+            a7 += term(src[i + 7u * st]);
         }
         i += ACC * st;
     }
     for (; i < w.end; i += st) {
-        a0 += src[i];
-    }
-    let v = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7));
-    workgroup_total(wg.x, lid, (v.x + v.y) + (v.z + v.w));
-}
-
-// pow_vec4 — reads: src[0 .. params.len4). Writes: partials[wg] = the sum
-// of |x|^params.p over the components its workgroup read. Dispatch: (G, 1,
-// 1), any G; read_vec4's loop with pow in place of the load's value. The
-// simplest kernel a norm of general p can be: one pow (a log2 and an exp2 on
-// every driver) per element, no guard against over- or underflow.
-@compute @workgroup_size(WG)
-fn pow_vec4(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) groups: vec3<u32>,
-    @builtin(local_invocation_index) lid: u32,
-) {
-    let w = walk(wg.x, groups.x, lid, params.len4);
-    let st = w.stride;
-    let p = vec4(params.p);
-    var a0 = vec4<f32>();
-    var a1 = vec4<f32>();
-    var a2 = vec4<f32>();
-    var a3 = vec4<f32>();
-    var a4 = vec4<f32>();
-    var a5 = vec4<f32>();
-    var a6 = vec4<f32>();
-    var a7 = vec4<f32>();
-    var i = w.first;
-    while i + (ACC - 1u) * st < w.end {
-        a0 += pow(abs(src[i]), p);
-        if ACC >= 2u {
-            a1 += pow(abs(src[i + st]), p);
-        }
-        if ACC >= 4u {
-            a2 += pow(abs(src[i + 2u * st]), p);
-            a3 += pow(abs(src[i + 3u * st]), p);
-        }
-        if ACC >= 8u {
-            a4 += pow(abs(src[i + 4u * st]), p);
-            a5 += pow(abs(src[i + 5u * st]), p);
-            a6 += pow(abs(src[i + 6u * st]), p);
-            a7 += pow(abs(src[i + 7u * st]), p);
-        }
-        i += ACC * st;
-    }
-    for (; i < w.end; i += st) {
-        a0 += pow(abs(src[i]), p);
+        a0 += term(src[i]);
     }
     let v = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7));
     workgroup_total(wg.x, lid, (v.x + v.y) + (v.z + v.w));
