@@ -11,7 +11,7 @@ struct Params {
     len4: u32,   // vec4 elements (read_scalar4, mul_scalar4)
     len1: u32,   // f32 elements, 4 len4 (read_scalar1, mul_scalar1)
     factor: f32,
-    p: f32,      // roofline.wgsl's power kernel's; none here
+    p: f32,      // the exponent of roofline.wgsl's read under POW; unused here
 }
 
 @group(0) @binding(0) var<storage, read> src: array<f32>;
