@@ -252,8 +252,8 @@ fn plain_term(z: vec4<f32>) -> vec4<f32> {
 }
 
 // The sum of a quad's plain terms, for a segment's running sum in the
-// tracked walk: squares, or an integer p's powers (general p is not
-// tracked).
+// tracked walk: squares, or an integer p's powers (a general p's terms
+// are p_terms, in seg_add).
 fn seg_term(z: vec4<f32>) -> f32 {
     if KIND == 0u {
         return dot(z, z);
@@ -531,19 +531,24 @@ fn p_general(r: Run, sh: Share) -> Partial {
         s2 *= step.k;
         s3 *= step.k;
     }
+    return p_finish(r, sh, top, rf, (s0 + s1) + (s2 + s3));
+}
+
+// The p-sum of a share of run r whose general p walk (p_general,
+// p_tracked) ended with largest |g| bits top, reference rf and the terms
+// relative to rf summed to v.
+fn p_finish(r: Run, sh: Share, top: u32, rf: PRef, v: vec4<f32>) -> Partial {
     if top >= EXP_MASK {
         return exact_quads(r, sh, 2u);
     }
     if top == 0u {
         return Partial(vec3(0.0), 0u);
     }
-    let v = (s0 + s1) + (s2 + s3);
-    let sum = (v.x + v.y) + (v.z + v.w);
     // Relative to the largest element: at least its own term, 1, which a
     // rounding of the rescale must not take below.
     let d = decode(top);
-    let k = select(exp2(-p_log_ratio(PRef(top, log2(d.m), d.e), rf, p)), 1.0, top == rf.bits);
-    return Partial(vec3(max(sum * k, 1.0), d.m, f32(d.e)), 0u);
+    let k = select(exp2(-p_log_ratio(PRef(top, log2(d.m), d.e), rf, cfg.p)), 1.0, top == rf.bits);
+    return Partial(vec3(max(plain_sum(v) * k, 1.0), d.m, f32(d.e)), 0u);
 }
 
 // The p-sum of a share of run r: an integer p tries its plain powers first.
@@ -595,8 +600,11 @@ fn workgroup_fold(start: u32, len: u32, t: u32, kind: u32) {
 // the window and non-finite elements go to the element-wise and
 // per-segment paths below. The flat walk itself adds the same quads to the
 // same accumulators as plain_quads and max_quads, so the global result
-// keeps its bits. General p is not tracked: its terms are relative to a
-// running maximum, which a segment would need its own of.
+// keeps its bits. A general p's walk (p_tracked) keeps each lane's terms
+// relative to the walk's reference, which follows the lane's running
+// maximum, and the largest bits of the segment's elements with them: its
+// slot is that sum taken relative to the segment's own largest element,
+// kept where the reference had not risen far above it (p_slot).
 
 // Slots in rows of TEAM: a chunk of S segments needs S + WG / TEAM - 1
 // rows (row (s - first segment) + team, one per segment a team's piece
@@ -605,17 +613,26 @@ fn workgroup_fold(start: u32, len: u32, t: u32, kind: u32) {
 // reduce's fits WebGPU's 16 KiB at 256 invocations: on GPUs (TEAM 8) 192
 // rows, for chunks of up to 161 segments (32 768 elements: 200 on
 // average); on CPU drivers (TEAM 1, 32 invocations) 1536 rows, for up to
-// 1505 (131 072 elements: 87).
+// 1505 (131 072 elements: 87). A general p's slots take two words
+// (slot_words), so half as many rows: up to 65 segments on GPUs, 737 on
+// CPU drivers.
 const SLOT_WORDS: u32 = 1536u;
 var<workgroup> seg_slots: array<u32, SLOT_WORDS>;
 
+// Whether this pipeline's reduction is a general (not integer) p.
+fn general_p() -> bool {
+    return KIND == 2u && POWER == 0u;
+}
+
+// Words of a slot: the sum (or largest bits), and for a general p the
+// largest bits too (shaders::slot_words on the host).
+fn slot_words() -> u32 {
+    return select(1u, 2u, general_p());
+}
+
 // Whether this reduce_tensors pipeline folds segments in the flat walk at
 // all, injected by the host (shaders::TRACK_OVERRIDE): off for sets whose
-// chunks each hold one segment, and for a general p: its terms are taken
-// relative to a running maximum, and a segment's sum would need a
-// reference of its own. The host makes the one decision; a pipeline that
-// tracked a general p would give wrong norms, not slow ones, so the
-// per-tensor tests check it. (It was off on SwiftShader, whose Subzero
+// chunks each hold one segment. (It was off on SwiftShader, whose Subzero
 // JIT ran the walk that stopped each lane at its own segment end slower
 // than two walks: 10^4 tensors of 10^3 elements, reduce_tensors 32 ms
 // against 25. The walk in rounds is faster there too.)
@@ -624,11 +641,12 @@ override TRACK: bool = true;
 // Whether reduce_tensors folds the segments [segs.x, segs.y) of a chunk
 // in its flat walk (a uniform choice: it depends on the plan alone).
 fn tracks_segments(segs: vec2<u32>) -> bool {
-    return TRACK && segs.y - segs.x > 1u && (segs.y - segs.x) + WG / TEAM - 1u <= SLOT_WORDS / TEAM;
+    return TRACK && segs.y - segs.x > 1u && (segs.y - segs.x) + WG / TEAM - 1u <= SLOT_WORDS / (TEAM * slot_words());
 }
 
+// The first word of segment s's slot for a lane of a team.
 fn slot(segs: vec2<u32>, s: u32, team: u32, lane: u32) -> u32 {
-    return ((s - segs.x) + team) * TEAM + lane;
+    return (((s - segs.x) + team) * TEAM + lane) * slot_words();
 }
 
 // The segment of [segs.x, segs.y) that holds window element e (the last
@@ -648,9 +666,10 @@ fn segment_of(segs: vec2<u32>, e: u32) -> u32 {
 }
 
 // A lane's place in the chunk's segments during the tracked walk: segment
-// s, holding elements [lo, hi), with its sum of squares (L2) or largest
-// bits (Inf) so far; the lane's team stores a slot for each segment of
-// its piece, up to `last`.
+// s, holding elements [lo, hi), with its sum of squares or powers (L2,
+// p) or largest bits (Inf, general p) so far; a general p's sum is of
+// terms relative to rf, the walk's reference. The lane's team stores a
+// slot for each segment of its piece, up to `last`.
 struct SegTrack {
     segs: vec2<u32>,
     team: u32,
@@ -661,13 +680,14 @@ struct SegTrack {
     hi: u32,
     sum: f32,
     top: vec4<u32>,
+    rf: PRef,
 }
 
 // Invocation t's track through the segments segs of run r (a flat chunk).
 fn seg_track(r: Run, segs: vec2<u32>, t: u32) -> SegTrack {
     let team = t / TEAM;
     let piece = team_piece(r.inner.y - r.inner.x, team) + vec2(r.inner.x);
-    var tr = SegTrack(segs, team, t % TEAM, 1u, 0u, 0u, 0u, 0.0, vec4(0u));
+    var tr = SegTrack(segs, team, t % TEAM, 1u, 0u, 0u, 0u, 0.0, vec4(0u), PRef(0u, 0.0, 0));
     if piece.x < piece.y {
         tr.s = segment_of(segs, 4u * piece.x);
         tr.last = segment_of(segs, 4u * piece.y - 1u);
@@ -681,20 +701,57 @@ fn seg_track(r: Run, segs: vec2<u32>, t: u32) -> SegTrack {
 // Adds the elements of bits b that `keep` selects to the current segment.
 fn seg_add(tr: ptr<function, SegTrack>, b: vec4<u32>, keep: vec4<bool>) {
     let a = select(vec4(0u), b & vec4(ABS_MASK), keep);
-    if KIND == 1u {
+    if KIND == 1u || general_p() {
         (*tr).top = max((*tr).top, a);
-    } else {
+    }
+    if general_p() {
+        let rf = (*tr).rf;
+        (*tr).sum += plain_sum(p_terms(a, rf.log2_m, rf.e, cfg.p));
+    } else if KIND != 1u {
         (*tr).sum += seg_term(bitcast<vec4<f32>>(a));
     }
 }
 
 // Stores segment t.s's slot for t's lane and team.
 fn seg_store(t: SegTrack) {
+    let i = slot(t.segs, t.s, t.team, t.lane);
+    if general_p() {
+        let w = p_slot(t);
+        seg_slots[i] = w.x;
+        seg_slots[i + 1u] = w.y;
+        return;
+    }
     var v = max4(t.top);
     if KIND != 1u {
         v = bitcast<u32>(t.sum);
     }
-    seg_slots[slot(t.segs, t.s, t.team, t.lane)] = v;
+    seg_slots[i] = v;
+}
+
+// A general p's slot of a lane's part of a segment: the sum of its terms
+// relative to its largest element, whose bits follow (zeros for a part of
+// zeros). The walk's terms are relative to its reference, which may have
+// risen past the part's largest element: the part is marked (largest bits
+// EXP_MASK, for the per-segment paths) where that element's term is below
+// 2^-P_REF_SPAN of the reference (the part's terms then lose to the
+// reference's range what p_general, relative to the segment's own
+// maximum, keeps), where the walk met a non-finite element (its reference
+// then is one) and where the sum is short of that element's own term (a
+// rounding never takes it below half).
+fn p_slot(t: SegTrack) -> vec2<u32> {
+    let top = max4(t.top);
+    let d = p_log_ratio(p_ref(top), t.rf, cfg.p);
+    let s = t.sum * exp2(-d);
+    let bad = t.rf.bits >= EXP_MASK || top >= EXP_MASK || !(d >= -P_REF_SPAN) || !(s >= 0.5);
+    let part = vec2(bitcast<u32>(max(s, 1.0)), select(top, EXP_MASK, bad));
+    return select(part, vec2(0u, select(0u, EXP_MASK, t.rf.bits >= EXP_MASK)), top == 0u);
+}
+
+// A general p's slot words w as a p-sum (s, m, E), zeros for a part of
+// zeros.
+fn p_slot_sum(w: vec2<u32>) -> vec3<f32> {
+    let d = decode(w.y);
+    return select(vec3(bitcast<f32>(w.x), d.m, f32(d.e)), vec3(0.0), w.y == 0u);
 }
 
 // Stores the current segment's slot and moves to the next segment.
@@ -891,6 +948,134 @@ fn inf_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> Pa
     return inf_accept(r, sh, max4(m));
 }
 
+// p_general of a share of a flat chunk, tracking the segments as
+// plain_tracked does: each step's terms go to the lane's segment too, and
+// the largest bits of the step with them; where the reference moves, the
+// segment's sums are rescaled with the accumulators. The accumulators
+// take the same terms in the same order as in p_general, so the global
+// result keeps its bits. A non-finite element ends the walk as it ends
+// p_general's, and the lane's reference becomes EXP_MASK: p_slot marks
+// every slot the lane stores after it.
+fn p_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> Partial {
+    let p = cfg.p;
+    let abs4 = vec4(ABS_MASK);
+    let e0 = edge_bits(r, sh, 0u) & abs4;
+    let e1 = edge_bits(r, sh, 1u) & abs4;
+    var top = max4(max(e0, e1));
+    var rf = p_ref(top);
+    var s0 = p_terms(e0, rf.log2_m, rf.e, p);
+    var s1 = p_terms(e1, rf.log2_m, rf.e, p);
+    var s2 = vec4(0.0);
+    var s3 = vec4(0.0);
+    let st = sh.stride;
+    var q = sh.first;
+    var lim = p_limit(rf, p);
+    // The main loop's steps start before main_end.
+    let main_end = max(sh.end, (LANES - 1u) * st) - (LANES - 1u) * st;
+    loop {
+        let hi = (*tr).hi;
+        var cur = (*tr).sum;
+        var cur_top = max4((*tr).top);
+        var next = 0.0;
+        var next_top = 0u;
+        var cross = NO_STEP;
+        let stop = min(q + round * LANES * st, main_end);
+        // The round's steps; a step that passes lim moves the reference
+        // (as in p_general) and goes back in.
+        loop {
+            for (; q < stop; q += LANES * st) {
+                let b0 = load_quad(q) & abs4;
+                let b1 = load_quad(q + st) & abs4;
+                let b2 = load_quad(q + 2u * st) & abs4;
+                let b3 = load_quad(q + 3u * st) & abs4;
+                let bt = max4(max(max(b0, b1), max(b2, b3)));
+                if bt > lim {
+                    break;
+                }
+                top = max(top, bt);
+                let t0 = p_terms(b0, rf.log2_m, rf.e, p);
+                let t1 = p_terms(b1, rf.log2_m, rf.e, p);
+                let t2 = p_terms(b2, rf.log2_m, rf.e, p);
+                let t3 = p_terms(b3, rf.log2_m, rf.e, p);
+                s0 += t0;
+                s1 += t1;
+                s2 += t2;
+                s3 += t3;
+                let g = plain_sum((t0 + t1) + (t2 + t3));
+                let before = step_ends_by(q, st, hi);
+                let after = 4u * q >= hi;
+                cur += select(0.0, g, before);
+                cur_top = max(cur_top, select(0u, bt, before));
+                next += select(0.0, g, after);
+                next_top = max(next_top, select(0u, bt, after));
+                cross = select(cross, q, !before && !after);
+            }
+            if q >= stop {
+                break;
+            }
+            let b0 = load_quad(q) & abs4;
+            let b1 = load_quad(q + st) & abs4;
+            let b2 = load_quad(q + 2u * st) & abs4;
+            let b3 = load_quad(q + 3u * st) & abs4;
+            let bt = max4(max(max(b0, b1), max(b2, b3)));
+            top = max(top, bt);
+            if top >= EXP_MASK {
+                break;
+            }
+            let t = p_ref(top);
+            let k = exp2(-p_log_ratio(t, rf, p));
+            rf = t;
+            lim = p_limit(rf, p);
+            let t0 = p_terms(b0, rf.log2_m, rf.e, p);
+            let t1 = p_terms(b1, rf.log2_m, rf.e, p);
+            let t2 = p_terms(b2, rf.log2_m, rf.e, p);
+            let t3 = p_terms(b3, rf.log2_m, rf.e, p);
+            s0 = s0 * k + t0;
+            s1 = s1 * k + t1;
+            s2 = s2 * k + t2;
+            s3 = s3 * k + t3;
+            let g = plain_sum((t0 + t1) + (t2 + t3));
+            let before = step_ends_by(q, st, hi);
+            let after = 4u * q >= hi;
+            cur = cur * k + select(0.0, g, before);
+            cur_top = max(cur_top, select(0u, bt, before));
+            next = next * k + select(0.0, g, after);
+            next_top = max(next_top, select(0u, bt, after));
+            cross = select(cross, q, !before && !after);
+            q += LANES * st;
+        }
+        if top >= EXP_MASK {
+            // exact_quads takes the whole share; the lane's slots from
+            // here on are marked.
+            (*tr).rf.bits = EXP_MASK;
+            q = sh.end;
+            break;
+        }
+        (*tr).sum = cur;
+        (*tr).top = vec4(cur_top);
+        (*tr).rf = rf;
+        seg_round_end(tr, q, st, cross, next, vec4(next_top));
+        if q >= main_end {
+            break;
+        }
+    }
+    for (; q < sh.end; q += st) {
+        let b = load_quad(q) & abs4;
+        top = max(top, max4(b));
+        let step = p_step(top, rf, p);
+        rf = step.r;
+        s0 = s0 * step.k + p_terms(b, rf.log2_m, rf.e, p);
+        s1 *= step.k;
+        s2 *= step.k;
+        s3 *= step.k;
+        (*tr).sum *= step.k;
+        (*tr).rf = rf;
+        seg_take(tr, b, q);
+    }
+    seg_finish(tr);
+    return p_finish(r, sh, top, rf, (s0 + s1) + (s2 + s3));
+}
+
 // Segment s (sg) of flat chunk run r: its partial from the slots and its
 // elements in r's edge quads, when it is one the fast paths would keep.
 struct Tracked {
@@ -898,9 +1083,13 @@ struct Tracked {
     ok: bool,
 }
 
+// A general p's slots and edge elements are merged as p-sums (merge_p),
+// each relative to its own largest element; a marked slot (p_slot) or a
+// non-finite edge element leaves the segment to the per-segment paths.
 fn tracked_partial(r: Run, segs: vec2<u32>, sg: Chunk, s: u32) -> Tracked {
     var sum = 0.0;
     var top = 0u;
+    var acc = vec3(0.0);
     let qlo = max(sg.start / 4u, r.inner.x);
     let qhi = min((sg.start + sg.len + 3u) / 4u, r.inner.y);
     if sg.len != 0u && qlo < qhi {
@@ -908,9 +1097,16 @@ fn tracked_partial(r: Run, segs: vec2<u32>, sg: Chunk, s: u32) -> Tracked {
         let j_end = (qhi - 1u - r.inner.x) / per;
         for (var j = (qlo - r.inner.x) / per; j <= j_end; j++) {
             for (var l = 0u; l < TEAM; l++) {
-                let v = seg_slots[slot(segs, s, j, l)];
-                sum += bitcast<f32>(v);
-                top = max(top, v);
+                let i = slot(segs, s, j, l);
+                let v = seg_slots[i];
+                if general_p() {
+                    let w = vec2(v, seg_slots[i + 1u]);
+                    acc = merge_p(acc, p_slot_sum(w), cfg.p);
+                    top = max(top, w.y);
+                } else {
+                    sum += bitcast<f32>(v);
+                    top = max(top, v);
+                }
             }
         }
     }
@@ -919,7 +1115,11 @@ fn tracked_partial(r: Run, segs: vec2<u32>, sg: Chunk, s: u32) -> Tracked {
         let e = edge(r, k);
         if e.has {
             let a = quad_in(e.q, sr) & vec4(ABS_MASK);
-            sum += plain_sum(plain_term(bitcast<vec4<f32>>(a)));
+            if general_p() {
+                acc = merge_p(acc, p_quad_sum(a), cfg.p);
+            } else {
+                sum += plain_sum(plain_term(bitcast<vec4<f32>>(a)));
+            }
             top = max(top, max4(a));
         }
     }
@@ -928,7 +1128,20 @@ fn tracked_partial(r: Run, segs: vec2<u32>, sg: Chunk, s: u32) -> Tracked {
     if KIND == 2u {
         one = load_element(sg.start) & ABS_MASK;
     }
-    return with_one_element(plain_partial(sum, top), sg.len, one);
+    var k = plain_partial(sum, top);
+    if general_p() {
+        k = Tracked(Partial(acc, 0u), top < EXP_MASK);
+    }
+    return with_one_element(k, sg.len, one);
+}
+
+// The p-sum (s, m, E) of the finite elements of |g| bits a, relative to
+// their largest (zeros for a quad of zeros).
+fn p_quad_sum(a: vec4<u32>) -> vec3<f32> {
+    let top = max4(a);
+    let d = decode(top);
+    let s = plain_sum(p_terms(a, log2(d.m), d.e, cfg.p));
+    return select(vec3(max(s, 1.0), d.m, f32(d.e)), vec3(0.0), top == 0u);
 }
 
 // A segment's partial from its plain sum of terms (L2, integer p) or its
@@ -1393,6 +1606,8 @@ fn reduce_flat_tracked(c: u32, t: u32, segs: vec2<u32>, round: u32) -> Partial {
     var q: Partial;
     if KIND == 1u {
         q = inf_tracked(r, sh, &tr, round);
+    } else if general_p() {
+        q = p_tracked(r, sh, &tr, round);
     } else {
         let v = plain_tracked(r, sh, &tr, round);
         if KIND == 0u {

@@ -427,9 +427,9 @@ impl Inner {
     /// a one-tensor set's per-tensor step cost 5-15% more on lavapipe (L2,
     /// no-clip, against a plain step: 1.11-1.15x with it, 1.04-1.06x
     /// without). `fused`: the set has fused tensors (`FUSE`), and
-    /// `fold_lists`: it needs the per-segment fold's lists (`FOLD_LISTS`,
-    /// always for a general p, which tracks no segment); each for the same
-    /// reason only then. A set with fused tensors has shared chunks.
+    /// `fold_lists`: it needs the per-segment fold's lists for this
+    /// reduction (`FOLD_LISTS`); each for the same reason only then. A set
+    /// with fused tensors has shared chunks.
     pub fn reduce<'a>(
         &self,
         elem: &'a ElementPipelines,
@@ -442,10 +442,7 @@ impl Inner {
         let module = (&shaders::element_modules(elem.path).0, &elem.reduce_module);
         let track = per_tensor && shared_chunks;
         let fuse = track && fused;
-        // A general p's segments are never tracked (WGSL `TRACK`), so its
-        // long segments always need the lists.
-        let general_p = matches!(r, Reduction::P { power: 0 });
-        let lists = track && (fold_lists || general_p);
+        let lists = track && fold_lists;
         let (index, entry) = match (per_tensor, track) {
             (false, _) => (0, "reduce"),
             (true, false) => (1, "reduce_tensors"),
@@ -455,11 +452,7 @@ impl Inner {
             ),
         };
         let cell = &elem.reduce[index][r.reduce_variant()];
-        let overrides = Overrides {
-            track: track && !general_p,
-            fuse,
-            lists,
-        };
+        let overrides = Overrides { track, fuse, lists };
         self.lazy(cell, module, entry, Specialised::Reduce(r, overrides))
     }
 

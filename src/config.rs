@@ -75,6 +75,13 @@ impl Reduction {
         }
     }
 
+    /// Whether it is a p that is not an integer from 1 to [`MAX_POWER`]
+    /// (WGSL `general_p()`): its reduce walk follows a running maximum,
+    /// and its tracked walk keeps two-word slots.
+    pub fn general_p(self) -> bool {
+        matches!(self, Reduction::P { power: 0 })
+    }
+
     /// Which of the [`REDUCE_VARIANTS`](Self::REDUCE_VARIANTS) reduce pipelines runs it.
     pub fn reduce_variant(self) -> usize {
         self.kind() as usize + self.power() as usize

@@ -440,6 +440,31 @@ pub(crate) fn plan(
     })
 }
 
+/// Whether the reduce pass needs its per-segment fold's lists of medium
+/// and long segments (WGSL `FOLD_LISTS`): some flat chunk of several
+/// segments is not tracked ([`shaders::tracks_chunk`]) and holds a segment
+/// of at least `tiny_run` elements (the element-wise fold takes the
+/// shorter ones). A general p's slots take two words, so fewer of its
+/// chunks are tracked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub(crate) struct FoldLists {
+    /// For L2, Inf and an integer p.
+    pub plain: bool,
+    /// For a general p.
+    pub general_p: bool,
+}
+
+impl FoldLists {
+    /// Whether a reduction, a general p or not, needs the lists.
+    pub fn needed(self, general_p: bool) -> bool {
+        if general_p {
+            self.general_p
+        } else {
+            self.plain
+        }
+    }
+}
+
 /// A plan with everything the GPU tables and dispatches need.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Bound {
@@ -457,12 +482,8 @@ pub(crate) struct Bound {
     /// window ([`grid`]).
     pub reduce_grid: [u32; 2],
     /// Whether the reduce pass needs its per-segment fold's lists of
-    /// medium and long segments (WGSL `FOLD_LISTS`): some flat chunk of
-    /// several segments is not tracked ([`shaders::tracks_chunk`]) and
-    /// holds a segment of at least `tiny_run` elements (the element-wise
-    /// fold takes the shorter ones). Not for a general (non-integer) p,
-    /// which tracks none: the host keeps the lists there.
-    pub fold_lists: bool,
+    /// medium and long segments (WGSL `FOLD_LISTS`).
+    pub fold_lists: FoldLists,
     /// Workgroups of the per-tensor statistics pass (invocations striding
     /// over the split tensors, `tensors_per_invocation` each where there
     /// are that many), for workgroups of `workgroup_size` invocations; none
@@ -515,19 +536,26 @@ impl Bound {
         let segments = most(|w| w.chunk_end - w.chunk_begin);
         let flat = most(|w| w.flat_end - w.flat_begin);
         let cap = MAX_WORKGROUPS.min(limits.max_compute_workgroups_per_dimension);
-        let fold_lists = (0..plan.flat.len()).any(|k| {
-            let (first, end) = plan.flat_segments(k);
-            let segments = (end - first) as u32;
-            segments > 1
-                && !shaders::tracks_chunk(
-                    segments,
-                    plan.gap(k),
-                    workgroup_size,
-                    team,
-                    longest_chunk,
-                )
-                && plan.chunks[first..end].iter().any(|c| c.len >= below)
-        });
+        let lists = |general_p: bool| {
+            (0..plan.flat.len()).any(|k| {
+                let (first, end) = plan.flat_segments(k);
+                let segments = (end - first) as u32;
+                segments > 1
+                    && !shaders::tracks_chunk(
+                        segments,
+                        plan.gap(k),
+                        workgroup_size,
+                        team,
+                        longest_chunk,
+                        shaders::slot_words(general_p),
+                    )
+                    && plan.chunks[first..end].iter().any(|c| c.len >= below)
+            })
+        };
+        let fold_lists = FoldLists {
+            plain: lists(false),
+            general_p: lists(true),
+        };
         Ok(Self {
             fold_lists,
             chunk_elements,
@@ -871,14 +899,19 @@ mod tests {
         use crate::shaders::{tracks_chunk, CPU_TEAM, GPU_TEAM};
         // CPU adapters: 32 invocations, a team of one each, 16-element
         // blocks; GPUs: 256 invocations in teams of 8, 128-element blocks.
-        assert!(tracks_chunk(1505, 16, 32, CPU_TEAM, 131072));
-        assert!(!tracks_chunk(1506, 16, 32, CPU_TEAM, 131072));
-        assert!(!tracks_chunk(2, 15, 32, CPU_TEAM, 131072));
-        assert!(tracks_chunk(161, 128, 256, GPU_TEAM, 32768));
-        assert!(!tracks_chunk(162, 128, 256, GPU_TEAM, 32768));
-        assert!(!tracks_chunk(2, 127, 256, GPU_TEAM, 32768));
-        assert!(tracks_chunk(2, u32::MAX, 256, GPU_TEAM, 32768));
-        assert!(!tracks_chunk(1, u32::MAX, 32, CPU_TEAM, 131072));
+        assert!(tracks_chunk(1505, 16, 32, CPU_TEAM, 131072, 1));
+        assert!(!tracks_chunk(1506, 16, 32, CPU_TEAM, 131072, 1));
+        assert!(!tracks_chunk(2, 15, 32, CPU_TEAM, 131072, 1));
+        assert!(tracks_chunk(161, 128, 256, GPU_TEAM, 32768, 1));
+        assert!(!tracks_chunk(162, 128, 256, GPU_TEAM, 32768, 1));
+        assert!(!tracks_chunk(2, 127, 256, GPU_TEAM, 32768, 1));
+        assert!(tracks_chunk(2, u32::MAX, 256, GPU_TEAM, 32768, 1));
+        assert!(!tracks_chunk(1, u32::MAX, 32, CPU_TEAM, 131072, 1));
+        // A general p's two-word slots: half the rows.
+        assert!(tracks_chunk(737, 16, 32, CPU_TEAM, 131072, 2));
+        assert!(!tracks_chunk(738, 16, 32, CPU_TEAM, 131072, 2));
+        assert!(tracks_chunk(65, 128, 256, GPU_TEAM, 32768, 2));
+        assert!(!tracks_chunk(66, 128, 256, GPU_TEAM, 32768, 2));
     }
 
     fn packed(layout: &GradLayout) -> Vec<Placement> {

@@ -318,9 +318,7 @@ pub const POWER_OVERRIDE: &str = "POWER";
 /// Name of the reduce pass's pipeline-overridable constant that lets
 /// `reduce_tensors` take per-tensor results from the flat walk's own loads
 /// where a chunk's segments fit its slots (off for sets whose chunks hold
-/// no tensor boundary, which have no use for the tracked walk's code, and
-/// for a general p, which the walk cannot track: the shader leaves that
-/// decision to the host).
+/// no tensor boundary, which have no use for the tracked walk's code).
 pub const TRACK_OVERRIDE: &str = "TRACK";
 /// Name of the reduce pass's pipeline-overridable constant that lets
 /// `reduce_tensors` give fused tensors (whole tensors shorter than the
@@ -354,20 +352,32 @@ pub const SLOT_WORDS: u32 = 1536;
 /// Accumulators (loads in flight) of each invocation's walk (WGSL `LANES`).
 pub const LANES: u32 = 4;
 
+/// Words of one of the tracked walk's slots (WGSL `slot_words()`): a
+/// general p's keep a sum and its largest element's bits, the others one
+/// word.
+pub(crate) fn slot_words(general_p: bool) -> u32 {
+    if general_p {
+        2
+    } else {
+        1
+    }
+}
+
 /// WGSL `tracks_segments` and `tracked_round` together, for a pipeline with
-/// `TRACK` on (which the host gives L2, Inf and integer p only): whether `reduce_tensors` folds the
+/// `TRACK` on: whether `reduce_tensors` folds the
 /// segments of a flat chunk of `segments` of them, whose shortest inner one
 /// has `gap` elements (plan::Plan::gap), in its flat walk, on a device with
-/// these overrides.
+/// these overrides, for slots of `slot_words` words ([`slot_words`]).
 pub(crate) fn tracks_chunk(
     segments: u32,
     gap: u32,
     workgroup_size: u32,
     team: u32,
     chunk: u32,
+    slot_words: u32,
 ) -> bool {
     segments > 1
-        && segments + workgroup_size / team - 1 <= SLOT_WORDS / team
+        && segments + workgroup_size / team - 1 <= SLOT_WORDS / (team * slot_words)
         && gap.min(chunk) / (4 * LANES * team) != 0
 }
 

@@ -2,9 +2,9 @@
 //! (teams of eight lanes, chunks of 32 768 elements) that the native suite's
 //! CPU adapters do not: layouts whose chunks the flat walk tracks in rounds
 //! (reduce.wgsl, tracked_round), with segment ends at every place in a
-//! team's blocks, and one whose short tensors leave chunks untracked. Each
-//! tensor's norm against float64, and the global norm's bits against the
-//! same clip without per-tensor results.
+//! team's blocks, and one whose short tensors leave chunks untracked; L2,
+//! Inf and a general p. Each tensor's norm against float64, and the global
+//! norm's bits against the same clip without per-tensor results.
 //!
 //! `cargo test --target wasm32-unknown-unknown --test web_tensor_norms` (see
 //! docs/browser.md). Browser tests live one per binary: a panic aborts the
@@ -82,7 +82,9 @@ async fn tensor_norms_of_tracked_and_untracked_chunks_match_float64() {
         let set = clipper
             .bind(&buffer, &GradLayout::from_sizes(&sizes).unwrap())
             .expect("bind");
-        for order in [Order::L2, Order::Inf] {
+        // A general p too: its tracked walk keeps two-word slots
+        // (reduce.wgsl, p_slot), half as many segments a chunk.
+        for order in [Order::L2, Order::Inf, Order::P(1.5)] {
             let what = format!("layout {layout} ({} elements), {order:?}", data.len());
             // A threshold far above the norm: no step changes the data.
             let clip = ClipNorm::new(f32::MAX).norm(order.to_norm());

@@ -11,7 +11,7 @@ use crate::dtype::{ElementPath, GradType};
 use crate::error::Result;
 use crate::gpu_errors::{init_buffer, Catch};
 use crate::layout::GradLayout;
-use crate::plan::{stats_size, Bound, Placed, Placement};
+use crate::plan::{stats_size, Bound, FoldLists, Placed, Placement};
 use crate::readback::Reader;
 use crate::records::{
     ClipConfig, ClipState, Partial, ScalerConfig, WindowInfo, DISPATCH_SIZE, STATS_HEAD_SIZE,
@@ -54,7 +54,7 @@ pub(super) struct Bindings {
     pub fused: bool,
     /// Whether the reduce pass needs its lists of medium and long segments
     /// (plan::Bound::fold_lists).
-    pub fold_lists: bool,
+    pub fold_lists: FoldLists,
     /// Grid-stride workgroups over segments (the per-tensor scale walk).
     pub tensor_workgroups: u32,
     /// Workgroups of the per-tensor statistics pass.

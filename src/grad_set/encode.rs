@@ -520,7 +520,7 @@ impl GradSet {
                 per_tensor(config),
                 self.bound.shared_chunks,
                 self.bound.fused,
-                self.bound.fold_lists,
+                self.bound.fold_lists.needed(reduction.general_p()),
             )?;
         }
         if per_tensor(config) {
@@ -578,7 +578,7 @@ impl GradSet {
                     per_tensor(config),
                     self.bound.shared_chunks,
                     self.bound.fused,
-                    self.bound.fold_lists,
+                    self.bound.fold_lists.needed(reduction.general_p()),
                 )?);
                 pass.set_bind_group(0, bind_group, &[]);
                 pass.dispatch_workgroups(x, y, 1);

@@ -530,7 +530,9 @@ fn tracked_segments_a_fast_path_declines_are_folded_exactly() {
     // keep (an inf, squares or cubes that overflow or underflow f32) are
     // folded again by exact_quads in the invocation that met them, and the
     // flat chunk's own sum, out of the fast path's window too, by the
-    // general path.
+    // general path. For a general p, the slots after the inf in its lane,
+    // and the parts of segments after the 1e30 tensor whose terms are
+    // far below the walk's reference (reduce.wgsl, p_slot).
     let sizes: Vec<usize> = (0..40).map(|i| 200 + (i * 7919) % 100).collect();
     let mut data = values(sizes.iter().sum(), 13);
     let start = |t: usize| sizes[..t].iter().sum::<usize>();
@@ -541,7 +543,7 @@ fn tracked_segments_a_fast_path_declines_are_folded_exactly() {
     for x in &mut data[start(13)..start(14)] {
         *x *= 1e-30;
     }
-    for order in [Order::L2, Order::Inf, Order::P(3.0)] {
+    for order in [Order::L2, Order::Inf, Order::P(3.0), Order::P(1.5)] {
         let clip = ClipNorm::new(1.0).norm(order.to_norm());
         let (plain, _) = run_clip(&data, &sizes, |set, enc| set.clip_norm(enc, &clip));
         let clip = clip.tensor_norms(true);

@@ -132,10 +132,9 @@ proptest! {
     fn tensor_norms_match_float64_and_leave_the_global_norm_alone(
         tensors in prop_oneof![2 => tracked_layout(), 1 => small_tensors_layout()],
         seed in any::<u64>(),
-        // L2, Inf and integer p, each tracked in the flat walk, and a
-        // general p, which the host keeps out of it (TRACK off: a general
-        // p's terms follow a running maximum, and the walk's sums would be
-        // wrong, not slow).
+        // L2, Inf, integer p and a general p, each tracked in the flat
+        // walk (a general p's terms relative to a reference that follows
+        // the lane's running maximum, and rescaled with it).
         order in prop_oneof![2 => Just(Order::L2), 2 => Just(Order::Inf), 1 => Just(Order::P(1.0)), 1 => Just(Order::P(3.0)), 1 => Just(Order::P(8.0)), 1 => Just(Order::P(1.5))],
         zeros in 0..12usize,
     ) {
