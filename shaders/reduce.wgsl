@@ -455,6 +455,24 @@ fn p_int_partial(sum: f32) -> Partial {
     return Partial(vec3(mul_pow2(sum, -n * ref_e), 1.0, f32(ref_e)), 0u);
 }
 
+// Where a general p walk of a share of run r starts: its edge quads'
+// largest bits, the reference they give and their terms relative to it
+// (in the first two accumulators).
+struct PStart {
+    top: u32,
+    rf: PRef,
+    s0: vec4<f32>,
+    s1: vec4<f32>,
+}
+
+fn p_start(r: Run, sh: Share) -> PStart {
+    let e0 = edge_bits(r, sh, 0u) & vec4(ABS_MASK);
+    let e1 = edge_bits(r, sh, 1u) & vec4(ABS_MASK);
+    let top = max4(max(e0, e1));
+    let rf = p_ref(top);
+    return PStart(top, rf, p_terms(e0, rf.log2_m, rf.e, cfg.p), p_terms(e1, rf.log2_m, rf.e, cfg.p));
+}
+
 // General p of a share of run r, in one pass: every term relative to a
 // reference that follows the running maximum (p_limit, p_step), so the sum
 // never over- or underflows, at the price of a decode, one log2 and one
@@ -466,12 +484,11 @@ fn p_int_partial(sum: f32) -> Partial {
 fn p_general(r: Run, sh: Share) -> Partial {
     let p = cfg.p;
     let abs4 = vec4(ABS_MASK);
-    let e0 = edge_bits(r, sh, 0u) & abs4;
-    let e1 = edge_bits(r, sh, 1u) & abs4;
-    var top = max4(max(e0, e1));
-    var rf = p_ref(top);
-    var s0 = p_terms(e0, rf.log2_m, rf.e, p);
-    var s1 = p_terms(e1, rf.log2_m, rf.e, p);
+    let w = p_start(r, sh);
+    var top = w.top;
+    var rf = w.rf;
+    var s0 = w.s0;
+    var s1 = w.s1;
     var s2 = vec4(0.0);
     var s3 = vec4(0.0);
     let st = sh.stride;
@@ -959,12 +976,11 @@ fn inf_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> Pa
 fn p_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> Partial {
     let p = cfg.p;
     let abs4 = vec4(ABS_MASK);
-    let e0 = edge_bits(r, sh, 0u) & abs4;
-    let e1 = edge_bits(r, sh, 1u) & abs4;
-    var top = max4(max(e0, e1));
-    var rf = p_ref(top);
-    var s0 = p_terms(e0, rf.log2_m, rf.e, p);
-    var s1 = p_terms(e1, rf.log2_m, rf.e, p);
+    let w = p_start(r, sh);
+    var top = w.top;
+    var rf = w.rf;
+    var s0 = w.s0;
+    var s1 = w.s1;
     var s2 = vec4(0.0);
     var s3 = vec4(0.0);
     let st = sh.stride;
