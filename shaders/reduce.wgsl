@@ -641,10 +641,13 @@ fn general_p() -> bool {
     return KIND == 2u && POWER == 0u;
 }
 
-// Words of a slot: the sum (or largest bits), and for a general p the
-// largest bits too (shaders::slot_words on the host).
+// Words of a general p's slot: its sum and its largest bits
+// (shaders::GENERAL_P_SLOT_WORDS on the host, checked by the tests).
+const P_SLOT_WORDS: u32 = 2u;
+
+// Words of a slot: the sum (or largest bits) alone but for a general p.
 fn slot_words() -> u32 {
-    return select(1u, 2u, general_p());
+    return select(1u, P_SLOT_WORDS, general_p());
 }
 
 // Whether this reduce_tensors pipeline folds segments in the flat walk at

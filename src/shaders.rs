@@ -352,12 +352,15 @@ pub const SLOT_WORDS: u32 = 1536;
 /// Accumulators (loads in flight) of each invocation's walk (WGSL `LANES`).
 pub const LANES: u32 = 4;
 
+/// Words of a general p's slot in the tracked walk: its sum and its
+/// largest element's bits (WGSL `P_SLOT_WORDS`).
+pub const GENERAL_P_SLOT_WORDS: u32 = 2;
+
 /// Words of one of the tracked walk's slots (WGSL `slot_words()`): a
-/// general p's keep a sum and its largest element's bits, the others one
-/// word.
+/// general p's [`GENERAL_P_SLOT_WORDS`], the others' one.
 pub(crate) fn slot_words(general_p: bool) -> u32 {
     if general_p {
-        2
+        GENERAL_P_SLOT_WORDS
     } else {
         1
     }
