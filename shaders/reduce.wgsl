@@ -396,6 +396,15 @@ fn p_step(top: u32, r: PRef, p: f32) -> PStep {
     return PStep(to, select(1.0, exp2(-d), moves));
 }
 
+// Moves a general p-sum's reference *rf to running maximum top's and
+// returns the factor that rescales the sums to it.
+fn p_move(rf: ptr<function, PRef>, top: u32, p: f32) -> f32 {
+    let t = p_ref(top);
+    let k = exp2(-p_log_ratio(t, *rf, p));
+    *rf = t;
+    return k;
+}
+
 // The largest |g| bits whose term relative to r stays within about
 // 2^P_REF_SPAN: r * 2^(P_REF_SPAN / p), rounded down to r's own bits where
 // that is subnormal (r's neighbourhood then moves the reference at every
@@ -496,10 +505,13 @@ fn p_general(r: Run, sh: Share) -> Partial {
     var lim = p_limit(rf, p);
     // Blocks whose elements all stay within lim add their terms to a fixed
     // reference; a block that passes it leaves the inner loop, moves the
-    // reference to the running maximum and goes back in. A move in the
-    // inner loop, even one no element makes, cost every block a log2 and
-    // an exp2 on the CPU drivers, which run any straight-line step in full.
+    // reference to the running maximum and goes back in at the same block,
+    // which the new lim admits (p_limit never falls below the reference,
+    // here at least the block's largest bits). A move in the inner loop,
+    // even one no element makes, cost every block a log2 and an exp2 on
+    // the CPU drivers, which run any straight-line step in full.
     loop {
+        var passed = 0u;
         for (; q + (LANES - 1u) * st < sh.end; q += LANES * st) {
             let b0 = load_quad(q) & abs4;
             let b1 = load_quad(q + st) & abs4;
@@ -507,6 +519,7 @@ fn p_general(r: Run, sh: Share) -> Partial {
             let b3 = load_quad(q + 3u * st) & abs4;
             let bt = max4(max(max(b0, b1), max(b2, b3)));
             if bt > lim {
+                passed = bt;
                 break;
             }
             top = max(top, bt);
@@ -515,28 +528,21 @@ fn p_general(r: Run, sh: Share) -> Partial {
             s2 += p_terms(b2, rf.log2_m, rf.e, p);
             s3 += p_terms(b3, rf.log2_m, rf.e, p);
         }
-        if q + (LANES - 1u) * st >= sh.end {
+        if passed == 0u {
             break;
         }
-        let b0 = load_quad(q) & abs4;
-        let b1 = load_quad(q + st) & abs4;
-        let b2 = load_quad(q + 2u * st) & abs4;
-        let b3 = load_quad(q + 3u * st) & abs4;
-        top = max(top, max4(max(max(b0, b1), max(b2, b3))));
+        top = max(top, passed);
         if top >= EXP_MASK {
             // exact_quads below takes the whole share.
             q = sh.end;
             break;
         }
-        let t = p_ref(top);
-        let k = exp2(-p_log_ratio(t, rf, p));
-        rf = t;
+        let k = p_move(&rf, top, p);
         lim = p_limit(rf, p);
-        s0 = s0 * k + p_terms(b0, rf.log2_m, rf.e, p);
-        s1 = s1 * k + p_terms(b1, rf.log2_m, rf.e, p);
-        s2 = s2 * k + p_terms(b2, rf.log2_m, rf.e, p);
-        s3 = s3 * k + p_terms(b3, rf.log2_m, rf.e, p);
-        q += LANES * st;
+        s0 *= k;
+        s1 *= k;
+        s2 *= k;
+        s3 *= k;
     }
     for (; q < sh.end; q += st) {
         let b = load_quad(q) & abs4;
@@ -1000,8 +1006,10 @@ fn p_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> Part
         var cross = NO_STEP;
         let stop = min(q + round * LANES * st, main_end);
         // The round's steps; a step that passes lim moves the reference
-        // (as in p_general) and goes back in.
+        // and the sums (the segment's with the accumulators) as in
+        // p_general, and goes back in at the same step.
         loop {
+            var passed = 0u;
             for (; q < stop; q += LANES * st) {
                 let b0 = load_quad(q) & abs4;
                 let b1 = load_quad(q + st) & abs4;
@@ -1009,6 +1017,7 @@ fn p_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> Part
                 let b3 = load_quad(q + 3u * st) & abs4;
                 let bt = max4(max(max(b0, b1), max(b2, b3)));
                 if bt > lim {
+                    passed = bt;
                     break;
                 }
                 top = max(top, bt);
@@ -1029,39 +1038,21 @@ fn p_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> Part
                 next_top = max(next_top, select(0u, bt, after));
                 cross = select(cross, q, !before && !after);
             }
-            if q >= stop {
+            if passed == 0u {
                 break;
             }
-            let b0 = load_quad(q) & abs4;
-            let b1 = load_quad(q + st) & abs4;
-            let b2 = load_quad(q + 2u * st) & abs4;
-            let b3 = load_quad(q + 3u * st) & abs4;
-            let bt = max4(max(max(b0, b1), max(b2, b3)));
-            top = max(top, bt);
+            top = max(top, passed);
             if top >= EXP_MASK {
                 break;
             }
-            let t = p_ref(top);
-            let k = exp2(-p_log_ratio(t, rf, p));
-            rf = t;
+            let k = p_move(&rf, top, p);
             lim = p_limit(rf, p);
-            let t0 = p_terms(b0, rf.log2_m, rf.e, p);
-            let t1 = p_terms(b1, rf.log2_m, rf.e, p);
-            let t2 = p_terms(b2, rf.log2_m, rf.e, p);
-            let t3 = p_terms(b3, rf.log2_m, rf.e, p);
-            s0 = s0 * k + t0;
-            s1 = s1 * k + t1;
-            s2 = s2 * k + t2;
-            s3 = s3 * k + t3;
-            let g = plain_sum((t0 + t1) + (t2 + t3));
-            let before = step_ends_by(q, st, hi);
-            let after = 4u * q >= hi;
-            cur = cur * k + select(0.0, g, before);
-            cur_top = max(cur_top, select(0u, bt, before));
-            next = next * k + select(0.0, g, after);
-            next_top = max(next_top, select(0u, bt, after));
-            cross = select(cross, q, !before && !after);
-            q += LANES * st;
+            s0 *= k;
+            s1 *= k;
+            s2 *= k;
+            s3 *= k;
+            cur *= k;
+            next *= k;
         }
         if top >= EXP_MASK {
             // exact_quads takes the whole share; the lane's slots from
