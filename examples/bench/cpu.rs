@@ -75,6 +75,11 @@ pub fn clip(
             .map(|r| sum_powers(&grads[r.clone()], |a| a * a.sqrt()))
             .sum::<f32>()
             .powf(1.0 / 1.5),
+        NormKind::P4_5 => ranges
+            .iter()
+            .map(|r| sum_powers(&grads[r.clone()], |a| (a * a) * (a * a) * a.sqrt()))
+            .sum::<f32>()
+            .powf(1.0 / 4.5),
     };
     let coef = (max_norm / (total + 1e-6)).min(1.0);
     if coef < 1.0 {

@@ -75,6 +75,11 @@ struct Args {
     /// Add cases of this many one-element tensors (N = the count), e.g. 200000.
     #[arg(long)]
     one_element: Option<usize>,
+    /// Tensors of different scales, as real models' layers are: each
+    /// tensor's values multiplied by 10^-u, u drawn per tensor (the same
+    /// in every run) from [0, DECADES). 0: every tensor as generated.
+    #[arg(long, default_value_t = 0.0, value_name = "DECADES")]
+    spread: f64,
     /// The cases of the performance targets: sizes 1e7,2.5e7, tensors
     /// 1,10000, norms l2,inf,p3,p1.5, --tensor-norms, --one-element 200000
     /// (each unless given explicitly).
@@ -184,6 +189,12 @@ pub enum NormKind {
     #[value(name = "p1.5")]
     #[serde(rename = "p1.5")]
     P1_5,
+    /// The p = 4.5 norm: the same path at a large p, whose walk leaves
+    /// tensors more than 2^(32/4.5), about 140, times below the largest
+    /// before them in a chunk to the per-segment paths (see --spread).
+    #[value(name = "p4.5")]
+    #[serde(rename = "p4.5")]
+    P4_5,
 }
 
 impl NormKind {
@@ -193,6 +204,7 @@ impl NormKind {
             NormKind::L2 | NormKind::Inf => None,
             NormKind::P3 => Some(3.0),
             NormKind::P1_5 => Some(1.5),
+            NormKind::P4_5 => Some(4.5),
         }
     }
 
@@ -210,6 +222,7 @@ impl std::fmt::Display for NormKind {
             NormKind::Inf => "inf",
             NormKind::P3 => "p3",
             NormKind::P1_5 => "p1.5",
+            NormKind::P4_5 => "p4.5",
         })
     }
 }
@@ -456,6 +469,24 @@ fn gradient(n: usize) -> Vec<f32> {
             ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.02
         })
         .collect()
+}
+
+/// `host` with tensor `ranges[i]` multiplied by 10^-u_i, u_i in
+/// [0, decades) from a fixed sequence (`--spread`).
+fn spread(host: &[f32], ranges: &[std::ops::Range<usize>], decades: f64) -> Vec<f32> {
+    let mut out = host.to_vec();
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    for r in ranges {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let u = (x >> 11) as f64 / (1u64 << 53) as f64 * decades;
+        let k = 10f64.powf(-u);
+        for v in &mut out[r.clone()] {
+            *v = (f64::from(*v) * k) as f32;
+        }
+    }
+    out
 }
 
 /// N split evenly into `t` tensors.
@@ -893,7 +924,7 @@ fn reference(norm: NormKind, x: &[f32]) -> f64 {
     match norm {
         NormKind::L2 => x.iter().map(|&g| g as f64 * g as f64).sum::<f64>().sqrt(),
         NormKind::Inf => x.iter().fold(0.0f64, |m, &g| m.max(g.abs() as f64)),
-        NormKind::P3 | NormKind::P1_5 => {
+        NormKind::P3 | NormKind::P1_5 | NormKind::P4_5 => {
             let p = norm.p().unwrap();
             let sum = x.iter().map(|&g| (g.abs() as f64).powf(p)).sum::<f64>();
             sum.powf(1.0 / p)
@@ -904,7 +935,7 @@ fn reference(norm: NormKind, x: &[f32]) -> f64 {
 /// Relative tolerance of gradclip's norms against the float64 reference.
 fn tolerance(norm: NormKind) -> f64 {
     match norm {
-        NormKind::L2 | NormKind::P3 | NormKind::P1_5 => 1e-4,
+        NormKind::L2 | NormKind::P3 | NormKind::P1_5 | NormKind::P4_5 => 1e-4,
         NormKind::Inf => 0.0,
     }
 }
@@ -1009,7 +1040,7 @@ fn main() -> Res<()> {
                 .create_buffer_init(&wgpu::util::BufferInitDescriptor {
                     label: Some("bench pristine gradients"),
                     contents: bytemuck::cast_slice(&host),
-                    usage: wgpu::BufferUsages::COPY_SRC,
+                    usage: copy_usage,
                 }),
             grads: bench.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("bench gradients"),
@@ -1114,6 +1145,18 @@ fn main() -> Res<()> {
                     r.start as usize..r.end as usize
                 })
                 .collect();
+            // With --spread, this layout's tensors scaled, in the pristine
+            // copy every repetition restores.
+            let host = if args.spread > 0.0 {
+                let scaled = spread(&host, &ranges, args.spread);
+                bench
+                    .queue
+                    .write_buffer(&b.pristine, 0, bytemuck::cast_slice(&scaled));
+                bench.restore(&b)?;
+                std::borrow::Cow::Owned(scaled)
+            } else {
+                std::borrow::Cow::Borrowed(&host[..])
+            };
             for &norm in &args.norms {
                 let total = reference(norm, &host);
                 let tol = tolerance(norm);

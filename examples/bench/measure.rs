@@ -245,7 +245,9 @@ impl Bench {
         let clip = gradclip::ClipNorm::new(c.max_norm).norm(match c.norm {
             NormKind::L2 => gradclip::Norm::L2,
             NormKind::Inf => gradclip::Norm::Inf,
-            NormKind::P3 | NormKind::P1_5 => gradclip::Norm::P(c.norm.p().unwrap() as f32),
+            NormKind::P3 | NormKind::P1_5 | NormKind::P4_5 => {
+                gradclip::Norm::P(c.norm.p().unwrap() as f32)
+            }
         });
         let clip_tn = clip.tensor_norms(true);
         if let Some((naive, set)) = c.naive {

@@ -262,7 +262,7 @@ impl Naive {
         let (norm_pipeline, total_pipeline) = match norm {
             NormKind::L2 => (&self.norm_l2, &self.total_l2),
             NormKind::Inf => (&self.norm_inf, &self.total_inf),
-            NormKind::P3 | NormKind::P1_5 => {
+            NormKind::P3 | NormKind::P1_5 | NormKind::P4_5 => {
                 unreachable!("NaiveCases::runs never asks for a general p")
             }
         };
