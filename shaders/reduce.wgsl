@@ -1170,11 +1170,15 @@ fn plain_partial(sum: f32, top: u32) -> Tracked {
 }
 
 // A tiny segment's plain fold, element by element (plain_partial); what
-// it does not keep, general p included, exact_quads folds.
+// it does not keep, a general p's always, declined_fold folds.
 fn tiny_partial(sg: Chunk) -> Tracked {
     var sum = 0.0;
     var top = 0u;
-    for (var i = sg.start; i < sg.start + sg.len; i++) {
+    // A general p keeps no plain sum, so only a lone element is read: the
+    // loop cost 100 000 tensors of 100 elements (p = 1.5, no-clip)
+    // 30-40 ms of reduce_tensors' 136-145 on lavapipe and GL.
+    let n = select(sg.len, min(sg.len, 1u), general_p());
+    for (var i = sg.start; i < sg.start + n; i++) {
         let a = load_element(i) & ABS_MASK;
         sum = add_term(sum, a);
         top = max(top, a);
@@ -1248,7 +1252,7 @@ override FUSE: bool = false;
 // (plan::Bound::fold_lists, with a mirror of tracks_segments and
 // tracked_round). There the lists would only take the tracked segments
 // whose sum a fast path would not keep (a non-finite or extreme element);
-// without them exact_quads folds those in the invocation that met them:
+// without them declined_fold folds those in the invocation that met them:
 // slower for a long segment, as exact. The lists' code costs CPU drivers
 // a masked pass per workgroup even when they are empty: 10 000 tensors of
 // 1 000 elements on lavapipe (10^7 elements, no-clip), tensor_norms /
@@ -1474,6 +1478,20 @@ fn unit_stats(units: vec2<u32>, t: u32, sc: StatScale) -> bool {
     return clipped;
 }
 
+// A segment the fast paths declined (a tracked one's slots, a tiny one's
+// plain sum), folded by one invocation: L2 and Inf by exact_quads, a p by
+// p_general, which keeps its terms in range without exact_quads's merge
+// per element and hands a non-finite segment on to it (10 000 tensors
+// over 8 decades of scale, p = 4.5, no-clip: reduce_tensors 220-225 ms
+// -> 133-145 on SwiftShader, 79-83 -> 66-67 on GL, 73-74 -> 66-70 on
+// lavapipe).
+fn declined_fold(r: Run, kind: u32) -> Partial {
+    if kind == 2u {
+        return p_general(r, whole_share(r));
+    }
+    return exact_quads(r, whole_share(r), kind);
+}
+
 // The partials of flat chunk c's segments (c's own when it is one segment),
 // or for a fused tensor (FUSE) its results: those of the chunk's unit run
 // by unit_stats, the others by publish(). A segment's
@@ -1510,7 +1528,7 @@ fn reduce_segments(c: u32, t: u32, kind: u32, whole: Partial, tracked: bool) {
     let r = run_of(ch.start, ch.len);
     for (var base = segs.x + t; base < end; base += SEG_BLOCK * WG) {
         // Segments past_units(base + j * WG), j < SEG_BLOCK: tracked and tiny ones
-        // folded plainly now, the others queued as bits for the exact fold
+        // folded plainly now, the others queued as bits for declined_fold
         // or the lists, and fused tensors that plain_clip declines for
         // clip_of.
         var exact = 0u;
@@ -1544,8 +1562,7 @@ fn reduce_segments(c: u32, t: u32, kind: u32, whole: Partial, tracked: bool) {
             exact &= exact - 1u;
             let s = past_units(base + j * WG, units);
             let sg = chunk_at(s);
-            let sr = run_of(sg.start, sg.len);
-            store_partial(s, exact_quads(sr, whole_share(sr), kind));
+            store_partial(s, declined_fold(run_of(sg.start, sg.len), kind));
             general |= u32(is_fused(s, sg, segs, ends)) << j;
         }
         if FUSE {
