@@ -462,13 +462,16 @@ fn date_utc() -> String {
 fn gradient(n: usize) -> Vec<f32> {
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
     (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.02
-        })
+        .map(|_| ((xorshift(&mut x) >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.02)
         .collect()
+}
+
+/// The next state of the bench's xorshift64 sequences (their values).
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
 }
 
 /// `host` with tensor `ranges[i]` multiplied by 10^-u_i, u_i in
@@ -477,10 +480,7 @@ fn spread(host: &[f32], ranges: &[std::ops::Range<usize>], decades: f64) -> Vec<
     let mut out = host.to_vec();
     let mut x: u64 = 0x2545_f491_4f6c_dd1d;
     for r in ranges {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let u = (x >> 11) as f64 / (1u64 << 53) as f64 * decades;
+        let u = (xorshift(&mut x) >> 11) as f64 / (1u64 << 53) as f64 * decades;
         let k = 10f64.powf(-u);
         for v in &mut out[r.clone()] {
             *v = (f64::from(*v) * k) as f32;
