@@ -53,6 +53,28 @@ pub fn gpu() -> &'static Gpu {
     })
 }
 
+/// The shared device's clipper forced onto the packed f16 path
+/// ([`gradclip::Clipper::without_shader_f16`]), one per test process: each
+/// clipper compiles its own pipelines, and on SwiftShader a per-tensor reduce
+/// pipeline takes 5-8 s to compile. `None` where the device has no
+/// shader-f16: there the default clipper's f16 path is the packed one
+/// already, and a second clipper would only compile the same pipelines again.
+pub fn forced_packed_clipper() -> Option<&'static gradclip::Clipper> {
+    static PACKED: OnceLock<Option<gradclip::Clipper>> = OnceLock::new();
+    PACKED
+        .get_or_init(|| {
+            let g = gpu();
+            if !g.device.features().contains(wgpu::Features::SHADER_F16) {
+                return None;
+            }
+            let packed = gradclip::Clipper::without_shader_f16(&g.device, &g.queue)
+                .expect("Clipper::without_shader_f16");
+            assert_eq!(packed.f16_path(), gradclip::ElementPath::F16Packed);
+            Some(packed)
+        })
+        .as_ref()
+}
+
 /// wgpu errors that reached the device's uncaptured-error handler: gradclip
 /// must never let one through, so every GPU helper asserts there are none.
 static UNCAPTURED: Mutex<Vec<String>> = Mutex::new(Vec::new());

@@ -141,17 +141,17 @@ fn unpack(layout: &GradLayout, ty: Half, packed: &[u16]) -> Vec<u16> {
         .collect()
 }
 
-/// The clippers to run on: the default one (native f16 where the device has
-/// shader-f16) and one forced onto the packed path.
-fn clippers() -> Vec<(&'static str, gradclip::Clipper)> {
-    // One packed clipper per test binary: its pipelines compile once (slow
-    // on SwiftShader, whose compiler then dominated this suite's time).
-    static PACKED: std::sync::OnceLock<gradclip::Clipper> = std::sync::OnceLock::new();
-    let g = gpu();
-    let packed = PACKED.get_or_init(|| {
-        gradclip::Clipper::without_shader_f16(&g.device, &g.queue).expect("packed clipper")
-    });
-    vec![("default", g.clipper.clone()), ("packed", packed.clone())]
+/// The clippers whose paths for `ty` differ: the default one (native f16
+/// where the device has shader-f16) and, for f16 on such a device, the one
+/// forced onto the packed path. Elsewhere both take the same path (bf16 is
+/// always packed), and a second run would compile the same pipelines again
+/// to prove nothing.
+fn clippers(ty: Half) -> Vec<(&'static str, gradclip::Clipper)> {
+    let mut all = vec![("default", gpu().clipper.clone())];
+    if let (Half::F16, Some(packed)) = (ty, common::forced_packed_clipper()) {
+        all.push(("packed", packed.clone()));
+    }
+    all
 }
 
 const SIZES: [usize; 6] = [1, 7, 8192 * 2 + 3, 0, 1000, 20_001];
@@ -237,7 +237,7 @@ fn norms_of_random_16_bit_data_match_float64() {
     for ty in [Half::F16, Half::Bf16] {
         let bits = finite_bits(ty, total, 0x5eed + ty as u64);
         let values = decoded(ty, &bits);
-        for (name, clipper) in clippers() {
+        for (name, clipper) in clippers(ty) {
             for order in [Order::L2, Order::Inf, Order::P(1.0), Order::P(3.0)] {
                 let clip = ClipNorm::new(1.0).norm(order.to_norm());
                 let (report, _, paths) = run(&clipper, ty, &SIZES, &bits, &clip, None);
@@ -277,7 +277,7 @@ fn per_tensor_norms_of_hundreds_of_16_bit_tensors_match_float64() {
             .map(|b| b & 0xbfff)
             .collect();
         let values = decoded(ty, &bits);
-        for (name, clipper) in clippers() {
+        for (name, clipper) in clippers(ty) {
             for order in [Order::L2, Order::Inf, Order::P(3.0)] {
                 let clip = ClipNorm::new(f32::MAX).norm(order.to_norm());
                 let (plain, _, _) = run(&clipper, ty, &sizes, &bits, &clip, None);
@@ -308,7 +308,7 @@ fn subnormal_only_data_keeps_its_norm() {
     for ty in [Half::F16, Half::Bf16] {
         let bits: Vec<u16> = (1..=0x3ffu16).chain([0x8001, 0x83ff]).collect();
         let want = reference::norm(&decoded(ty, &bits), Order::L2);
-        for (name, clipper) in clippers() {
+        for (name, clipper) in clippers(ty) {
             let (report, ..) = run(
                 &clipper,
                 ty,
@@ -333,7 +333,7 @@ fn clipped_16_bit_gradients_are_rounded_to_nearest_even_within_one_ulp() {
         let bits = finite_bits(ty, total, 0xc11f + ty as u64);
         let values = decoded(ty, &bits);
         let norm = reference::norm(&values, Order::L2);
-        for (name, clipper) in clippers() {
+        for (name, clipper) in clippers(ty) {
             let max_norm = (norm / 3.0) as f32;
             let (report, after, _) =
                 run(&clipper, ty, &SIZES, &bits, &ClipNorm::new(max_norm), None);
@@ -414,8 +414,8 @@ fn clamped_bounds_round_to_nearest_even_exactly() {
             bounds.push((ty, m * p(e)));
         }
     }
-    for (name, clipper) in clippers() {
-        for &(ty, b) in &bounds {
+    for &(ty, b) in &bounds {
+        for (name, clipper) in clippers(ty) {
             let inf = ty.exponent_mask();
             let bits = [inf, 0x8000 | inf, ty.max_bits(), 0x8000 | ty.max_bits()];
             let buf = buffer(bytemuck::cast_slice(&bits));
@@ -446,7 +446,12 @@ fn native_and_packed_f16_paths_agree_bit_for_bit() {
     let total: usize = SIZES.iter().sum();
     let bits = finite_bits(Half::F16, total, 0xabcd);
     let clip = ClipNorm::new(10.0);
-    let runs: Vec<(ClipReport, Vec<u16>)> = clippers()
+    let clippers = clippers(Half::F16);
+    if clippers.len() == 1 {
+        eprintln!("no shader-f16: the packed f16 path is the only one");
+        return;
+    }
+    let runs: Vec<(ClipReport, Vec<u16>)> = clippers
         .iter()
         .map(|(_, c)| {
             let (r, after, _) = run(c, Half::F16, &SIZES, &bits, &clip, None);
@@ -466,7 +471,7 @@ fn norm_beyond_the_f16_range_is_right() {
     let bits = vec![f16::from_f32(60000.0).to_bits(); 10_000];
     let want = 60000f64.to_bits(); // 60000 is exact in f16
     assert_eq!(f16::from_bits(bits[0]).to_f64().to_bits(), want);
-    for (name, clipper) in clippers() {
+    for (name, clipper) in clippers(Half::F16) {
         let (report, after, _) = run(
             &clipper,
             Half::F16,
@@ -492,7 +497,7 @@ fn bf16_norm_beyond_f32_still_clips_right() {
     // (max_norm 1e38 keeps the coefficient a normal f32: GL flushes subnormals.)
     let max = Half::Bf16.decode(Half::Bf16.max_bits());
     let bits = vec![Half::Bf16.max_bits(); 4];
-    for (name, clipper) in clippers() {
+    for (name, clipper) in clippers(Half::Bf16) {
         let (report, after, _) = run(
             &clipper,
             Half::Bf16,
@@ -520,7 +525,7 @@ fn nonfinite_16_bit_elements_follow_pytorch() {
         let nan = ty.exponent_mask() | 0x41;
         let mut bits = finite_bits(ty, 5000, 7);
         bits[1234] = inf;
-        for (name, clipper) in clippers() {
+        for (name, clipper) in clippers(ty) {
             let (report, after, _) = run(
                 &clipper,
                 ty,
@@ -593,7 +598,7 @@ fn fused_unscale_and_clip_equals_unscale_then_clip_within_one_ulp() {
                 })
                 .collect();
             let (norm, want) = unscale_then_clip(ty, &bits, scale as f64, 1.0);
-            for (name, clipper) in clippers() {
+            for (name, clipper) in clippers(ty) {
                 let scaler = LossScaler::new().init_scale(scale);
                 let clip = ClipNorm::new(1.0).unscale(true);
                 let (report, after, _) = run(&clipper, ty, &sizes, &bits, &clip, Some(&scaler));
@@ -636,7 +641,7 @@ fn found_inf_leaves_gradients_untouched_and_backs_off() {
         ] {
             let mut bits = finite_bits(ty, 3000, 3);
             bits[2999] = bad;
-            for (name, clipper) in clippers() {
+            for (name, clipper) in clippers(ty) {
                 let clip = ClipNorm::new(1.0).unscale(true);
                 let (report, after, _) = run(&clipper, ty, &[1000, 2000], &bits, &clip, None);
                 let what = format!("{ty:?} {name} {bad:#x}");
@@ -961,7 +966,7 @@ fn per_tensor_clipping_divides_each_coefficient_by_the_scale() {
     }
     let layout = GradLayout::from_sizes(&sizes).unwrap();
     let clip = ClipNorm::new(1.0).per_tensor(true).unscale(true);
-    for (name, clipper) in clippers() {
+    for (name, clipper) in clippers(Half::F16) {
         let (report, after, _) = run(
             &clipper,
             Half::F16,
@@ -1097,7 +1102,7 @@ fn unscaling_works_for_every_norm_order() {
     let values = decoded(Half::F16, &bits);
     for scale in [65536.0f32, 0.75] {
         for order in [Order::L2, Order::Inf, Order::P(1.0), Order::P(3.0)] {
-            for (name, clipper) in clippers() {
+            for (name, clipper) in clippers(Half::F16) {
                 let clip = ClipNorm::new(1.0).norm(order.to_norm()).unscale(true);
                 let scaler = LossScaler::new().init_scale(scale);
                 let (report, ..) = run(
@@ -1152,6 +1157,13 @@ fn sixteen_bit_buffers_split_into_windows_on_word_boundaries() {
     let sizes = [524_287, 524_289, 1, 1_000_001, 0, 950_711];
     let layout = GradLayout::from_sizes(&sizes).unwrap();
     let n: usize = sizes.iter().sum();
+    // The default clipper, and one on the packed path where f16's differs
+    // (bf16 always takes the packed one): a clipper compiles its own pipelines.
+    let default = gradclip::Clipper::new(&device, &queue).unwrap();
+    let forced = device
+        .features()
+        .contains(wgpu::Features::SHADER_F16)
+        .then(|| gradclip::Clipper::without_shader_f16(&device, &queue).unwrap());
     for ty in [Half::F16, Half::Bf16] {
         let bits: Vec<u16> = finite_bits(ty, n, 31 + ty as u64)
             .into_iter()
@@ -1160,10 +1172,8 @@ fn sixteen_bit_buffers_split_into_windows_on_word_boundaries() {
         let values = decoded(ty, &bits);
         let norm = reference::norm(&values, Order::L2);
         let max_norm = (norm / 2.0) as f32;
-        for clipper in [
-            gradclip::Clipper::new(&device, &queue).unwrap(),
-            gradclip::Clipper::without_shader_f16(&device, &queue).unwrap(),
-        ] {
+        let forced = forced.as_ref().filter(|_| ty == Half::F16);
+        for clipper in [Some(&default), forced].into_iter().flatten() {
             const PAD: u16 = 0x7e01;
             let packed = pack(&layout, ty, &bits, PAD);
             let buf = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
