@@ -53,24 +53,33 @@ pub fn gpu() -> &'static Gpu {
     })
 }
 
-/// The shared device's clipper forced onto the packed f16 path
-/// ([`gradclip::Clipper::without_shader_f16`]), one per test process: each
-/// clipper compiles its own pipelines, and on SwiftShader a per-tensor reduce
-/// pipeline takes 5-8 s to compile. `None` where the device has no
-/// shader-f16: there the default clipper's f16 path is the packed one
-/// already, and a second clipper would only compile the same pipelines again.
+/// A clipper of `device` forced onto the packed f16 path
+/// ([`gradclip::Clipper::without_shader_f16`]), where its f16 path differs
+/// from the default clipper's: `None` on a device without shader-f16, whose
+/// default clipper takes the packed path already. Each clipper compiles
+/// its own pipelines (a per-tensor reduce pipeline takes 5-8 s on
+/// SwiftShader), so a second one there would only compile the same ones.
+pub fn forced_packed_clipper_of(
+    device: &wgpu::Device,
+    queue: &wgpu::Queue,
+) -> Option<gradclip::Clipper> {
+    if !device.features().contains(wgpu::Features::SHADER_F16) {
+        return None;
+    }
+    let packed =
+        gradclip::Clipper::without_shader_f16(device, queue).expect("Clipper::without_shader_f16");
+    assert_eq!(packed.f16_path(), gradclip::ElementPath::F16Packed);
+    Some(packed)
+}
+
+/// [`forced_packed_clipper_of`] the shared device, one per test process so
+/// that its pipelines compile once.
 pub fn forced_packed_clipper() -> Option<&'static gradclip::Clipper> {
     static PACKED: OnceLock<Option<gradclip::Clipper>> = OnceLock::new();
     PACKED
         .get_or_init(|| {
             let g = gpu();
-            if !g.device.features().contains(wgpu::Features::SHADER_F16) {
-                return None;
-            }
-            let packed = gradclip::Clipper::without_shader_f16(&g.device, &g.queue)
-                .expect("Clipper::without_shader_f16");
-            assert_eq!(packed.f16_path(), gradclip::ElementPath::F16Packed);
-            Some(packed)
+            forced_packed_clipper_of(&g.device, &g.queue)
         })
         .as_ref()
 }

@@ -1158,12 +1158,9 @@ fn sixteen_bit_buffers_split_into_windows_on_word_boundaries() {
     let layout = GradLayout::from_sizes(&sizes).unwrap();
     let n: usize = sizes.iter().sum();
     // The default clipper, and one on the packed path where f16's differs
-    // (bf16 always takes the packed one): a clipper compiles its own pipelines.
+    // (bf16 always takes the packed one).
     let default = gradclip::Clipper::new(&device, &queue).unwrap();
-    let forced = device
-        .features()
-        .contains(wgpu::Features::SHADER_F16)
-        .then(|| gradclip::Clipper::without_shader_f16(&device, &queue).unwrap());
+    let forced = common::forced_packed_clipper_of(&device, &queue);
     for ty in [Half::F16, Half::Bf16] {
         let bits: Vec<u16> = finite_bits(ty, n, 31 + ty as u64)
             .into_iter()
