@@ -8,6 +8,7 @@
 mod chunks;
 mod cpu;
 mod measure;
+mod models;
 mod naive;
 mod plot;
 mod report;
@@ -75,6 +76,11 @@ struct Args {
     /// Add cases of this many one-element tensors (N = the count), e.g. 200000.
     #[arg(long)]
     one_element: Option<usize>,
+    /// Add cases with a real model's parameter layout (N = its parameter
+    /// count, tensors = its tensor count): short tensors between long ones,
+    /// as no even split has them.
+    #[arg(long, value_delimiter = ',', value_enum)]
+    model: Vec<models::Model>,
     /// Tensors of different scales, as real models' layers are: each
     /// tensor's values multiplied by 10^-u, u drawn per tensor (the same
     /// in every run) from [0, DECADES). 0: every tensor as generated.
@@ -1006,6 +1012,20 @@ fn main() -> Res<()> {
         }
         groups.sort_by_key(|g| g.0);
     }
+    // Model layouts, by their (N, tensors) case.
+    let mut layouts = BTreeMap::new();
+    for model in &args.model {
+        let sizes = model.sizes()?;
+        let (n, t) = (sizes.iter().sum::<usize>() as u64, sizes.len());
+        match groups.iter_mut().find(|g| g.0 == n) {
+            Some(g) if !g.1.contains(&t) => g.1.push(t),
+            Some(_) => {}
+            None => groups.push((n, vec![t])),
+        }
+        eprintln!("{model:?}: N = {n}, {t} tensors");
+        layouts.insert((n, t), sizes);
+    }
+    groups.sort_by_key(|g| g.0);
     eprintln!(
         "timing: {}; per-pass GPU timestamps: {}; cases {:?}, norms {:?}, tensor norms {}, {} reps after {} warm-up; rooflines: {}",
         if bench.gpu_basis { "GPU timestamps" } else { "wall clock around submit + wait" },
@@ -1132,7 +1152,10 @@ fn main() -> Res<()> {
             if t == 0 || t as u64 > n {
                 continue;
             }
-            let tensor_sizes = even_sizes(n, t);
+            let tensor_sizes = layouts
+                .get(&(n, t))
+                .cloned()
+                .unwrap_or_else(|| even_sizes(n, t));
             let layout = gradclip::GradLayout::from_sizes(&tensor_sizes)?;
             let set = clipper.bind(&b.grads, &layout)?;
             let naive_set = (args.naive != NaiveCases::None
