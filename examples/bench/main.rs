@@ -495,6 +495,16 @@ fn spread(host: &[f32], ranges: &[std::ops::Range<usize>], decades: f64) -> Vec<
     out
 }
 
+/// Adds the case of `t` tensors at N = `n` to the (N, tensor counts)
+/// groups, once.
+fn add_case(groups: &mut Vec<(u64, Vec<usize>)>, n: u64, t: usize) {
+    match groups.iter_mut().find(|g| g.0 == n) {
+        Some(g) if !g.1.contains(&t) => g.1.push(t),
+        Some(_) => {}
+        None => groups.push((n, vec![t])),
+    }
+}
+
 /// N split evenly into `t` tensors.
 fn even_sizes(n: u64, t: usize) -> Vec<usize> {
     let (q, r) = (n / t as u64, n % t as u64);
@@ -1005,23 +1015,14 @@ fn main() -> Res<()> {
     let mut groups: Vec<(u64, Vec<usize>)> =
         sizes.iter().map(|&n| (n, args.tensors.clone())).collect();
     if let Some(k) = args.one_element.filter(|&k| k > 0) {
-        match groups.iter_mut().find(|g| g.0 == k as u64) {
-            Some(g) if !g.1.contains(&k) => g.1.push(k),
-            Some(_) => {}
-            None => groups.push((k as u64, vec![k])),
-        }
-        groups.sort_by_key(|g| g.0);
+        add_case(&mut groups, k as u64, k);
     }
     // Model layouts, by their (N, tensors) case.
     let mut layouts = BTreeMap::new();
     for model in &args.model {
         let sizes = model.sizes()?;
         let (n, t) = (sizes.iter().sum::<usize>() as u64, sizes.len());
-        match groups.iter_mut().find(|g| g.0 == n) {
-            Some(g) if !g.1.contains(&t) => g.1.push(t),
-            Some(_) => {}
-            None => groups.push((n, vec![t])),
-        }
+        add_case(&mut groups, n, t);
         eprintln!("{model:?}: N = {n}, {t} tensors");
         layouts.insert((n, t), sizes);
     }
