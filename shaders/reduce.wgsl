@@ -1391,10 +1391,9 @@ fn unit_general(i: u32, tensor: u32, sc: StatScale) -> bool {
     return store_general_stat(tensor, k.p, sc);
 }
 
-// unit_plain for the four one-element tensors of quad q, element i being
-// tensor i + to_tensor.
-fn unit_quad(q: u32, to_tensor: u32, sc: StatScale, clipped: ptr<function, bool>) -> vec4<u32> {
-    let b = load_quad(q);
+// unit_plain for the four one-element tensors of quad q, whose bits are
+// b, element i being tensor i + to_tensor.
+fn unit_quad(b: vec4<u32>, q: u32, to_tensor: u32, sc: StatScale, clipped: ptr<function, bool>) -> vec4<u32> {
     let i = 4u * q + to_tensor;
     return vec4(
         unit_plain(b.x, i, sc, clipped),
@@ -1408,10 +1407,52 @@ fn unit_quad(q: u32, to_tensor: u32, sc: StatScale, clipped: ptr<function, bool>
 // queues (four bits each in a u32), for SEG_BLOCK's reason.
 const UNIT_BLOCK: u32 = 8u;
 
-// The norms and factors of the tensors of unit run `units` (FUSE): the
-// run's inner quads a quad per invocation in turns, each quad's four
-// tensors in straight-line code. Where some tensor of an invocation's
-// quads is left over (plain_clip declines it, or its plain partial is not
+// A flat chunk's unit run (its segments `units`, unit_run) as its
+// elements: element i of the window is tensor i + to_tensor and segment
+// i + to_segment (in u32's wrapping arithmetic).
+struct Units {
+    run: Run,
+    to_tensor: u32,
+    to_segment: u32,
+}
+
+fn units_of(units: vec2<u32>) -> Units {
+    let first = chunk_at(units.x);
+    return Units(run_of(first.start, units.y - units.x), first.tensor - first.start, units.x - first.start);
+}
+
+// The quads of share sh (no edges) that lie in [u.x, u.y): an invocation's
+// quads of a unit run, those it took in the flat walk.
+fn share_within(sh: Share, u: vec2<u32>) -> Share {
+    let lo = max(sh.first, u.x);
+    let first = sh.first + (lo - sh.first + sh.stride - 1u) / sh.stride * sh.stride;
+    return Share(first, max(first, min(sh.end, u.y)), sh.stride, vec2(false));
+}
+
+// What the walk over a unit run's quads left: whether some tensor of them
+// is left for unit_stats' queues, and whether some factor is not 1.
+struct UnitWalk {
+    pending: bool,
+    clipped: bool,
+}
+
+// unit_quad for quad q of bits b, where q is in [quads.x, quads.y): the
+// unit run's inner quads of the invocation's share.
+fn unit_visit(w: ptr<function, UnitWalk>, b: vec4<u32>, q: u32, quads: vec2<u32>, u: Units, sc: StatScale) {
+    if q >= quads.x && q < quads.y {
+        var clipped = (*w).clipped;
+        let left = unit_quad(b, q, u.to_tensor, sc, &clipped);
+        *w = UnitWalk((*w).pending || any(left != vec4(UNIT_DONE)), clipped);
+    }
+}
+
+// The norms and factors of the tensors of unit run `units` (FUSE) of
+// flat chunk run r: each invocation takes the run's inner quads of its
+// share of r (team_share), each quad's four tensors in straight-line
+// code. For L2, Inf and an integer p the flat walk has already taken them
+// with its own loads (reduce_flat_units; `walk` is what it left), for a
+// general p a walk here does. Where some tensor of an invocation's quads
+// is left over (plain_clip declines it, or its plain partial is not
 // kept), the invocation walks its quads again with queues: those
 // plain_clip declines queued, and
 // those whose plain partial is not kept queued for exact_quads too (its
@@ -1426,29 +1467,27 @@ const UNIT_BLOCK: u32 = 8u;
 // 200 000 one-element tensors cost reduce_tensors 1.5-1.7 ms on lavapipe
 // (L2, no-clip; the plain reduce 0.13 ms); a throwaway build that gave
 // every segment of such chunks its results a quad at a time took 0.42-0.74.
-fn unit_stats(units: vec2<u32>, t: u32, sc: StatScale) -> bool {
-    var clipped = false;
-    let first = chunk_at(units.x);
-    let r = run_of(first.start, units.y - units.x);
-    // Element i is tensor i + to_tensor and segment i + to_segment (in
-    // u32's wrapping arithmetic).
-    let to_tensor = first.tensor - first.start;
-    let to_segment = units.x - first.start;
+fn unit_stats(units: vec2<u32>, r: Run, t: u32, sc: StatScale, walk: UnitWalk) -> bool {
+    let u = units_of(units);
+    let ur = u.run;
+    var w = walk;
+    var clipped = walk.clipped;
     // Elements before the first inner quad, and from the end of the last
     // (none where the run lies inside one quad: head holds it all).
-    let head = min(4u * r.inner.x, r.end) - r.start;
-    let tail = clamp(4u * r.inner.y, r.start + head, r.end);
-    for (var k = t; k < head + (r.end - tail); k += WG) {
-        let i = select(tail + (k - head), r.start + k, k < head);
-        clipped = unit_general(i, i + to_tensor, sc) || clipped;
+    let head = min(4u * ur.inner.x, ur.end) - ur.start;
+    let tail = clamp(4u * ur.inner.y, ur.start + head, ur.end);
+    for (var k = t; k < head + (ur.end - tail); k += WG) {
+        let i = select(tail + (k - head), ur.start + k, k < head);
+        clipped = unit_general(i, i + u.to_tensor, sc) || clipped;
     }
-    // Every tensor's results where plain_clip takes it, and whether some
-    // tensor of this invocation's quads is left for the queues.
-    var pending = false;
-    for (var q = r.inner.x + t; q < r.inner.y; q += WG) {
-        pending = any(unit_quad(q, to_tensor, sc, &clipped) != vec4(UNIT_DONE)) || pending;
+    let sh = share_within(team_share(r, t), ur.inner);
+    if general_p() {
+        for (var q = sh.first; q < sh.end; q += sh.stride) {
+            unit_visit(&w, load_quad(q), q, ur.inner, u, sc);
+        }
     }
-    if !pending {
+    clipped = clipped || w.clipped;
+    if !w.pending {
         return clipped;
     }
     // The quads again, with the queues. CPU drivers run the queues' loop
@@ -1457,11 +1496,13 @@ fn unit_stats(units: vec2<u32>, t: u32, sc: StatScale) -> bool {
     // block of quads as when the first walk had the queues (200 000
     // one-element tensors, L2 no-clip: SwiftShader's reduce_tensors
     // 5.8-6.2 ms -> 3.7-3.9, the plain reduce 0.5-0.6).
-    for (var q0 = r.inner.x + t; q0 < r.inner.y; q0 += UNIT_BLOCK * WG) {
+    let st = sh.stride;
+    for (var q0 = sh.first; q0 < sh.end; q0 += UNIT_BLOCK * st) {
         var exact = 0u;
         var general = 0u;
-        for (var j = 0u; j < UNIT_BLOCK && q0 + j * WG < r.inner.y; j++) {
-            let left = unit_quad(q0 + j * WG, to_tensor, sc, &clipped);
+        for (var j = 0u; j < UNIT_BLOCK && q0 + j * st < sh.end; j++) {
+            let q = q0 + j * st;
+            let left = unit_quad(load_quad(q), q, u.to_tensor, sc, &clipped);
             let bits = vec4(1u, 2u, 4u, 8u) << vec4(4u * j);
             exact |= dot(vec4<u32>(left == vec4(UNIT_EXACT)), bits);
             general |= dot(vec4<u32>(left != vec4(UNIT_DONE)), bits);
@@ -1470,19 +1511,19 @@ fn unit_stats(units: vec2<u32>, t: u32, sc: StatScale) -> bool {
         while exact != 0u {
             let j = firstTrailingBit(exact);
             exact &= exact - 1u;
-            let i = 4u * (q0 + (j / 4u) * WG) + j % 4u;
+            let i = 4u * (q0 + (j / 4u) * st) + j % 4u;
             let sr = run_of(i, 1u);
-            store_partial(i + to_segment, exact_quads(sr, whole_share(sr), KIND));
+            store_partial(i + u.to_segment, exact_quads(sr, whole_share(sr), KIND));
         }
         while general != 0u {
             let j = firstTrailingBit(general);
             general &= general - 1u;
-            let i = 4u * (q0 + (j / 4u) * WG) + j % 4u;
+            let i = 4u * (q0 + (j / 4u) * st) + j % 4u;
             let plain = element_partial(load_element(i) & ABS_MASK).p;
-            let stored = load_partial(i + to_segment);
+            let stored = load_partial(i + u.to_segment);
             let e = (from_exact & (1u << j)) != 0u;
             let q = Partial(select(plain.v, stored.v, e), select(plain.flags, stored.flags, e));
-            clipped = store_general_stat(i + to_tensor, q, sc) || clipped;
+            clipped = store_general_stat(i + u.to_tensor, q, sc) || clipped;
         }
     }
     return clipped;
@@ -1509,7 +1550,7 @@ fn declined_fold(r: Run, kind: u32) -> Partial {
 // the workgroup a long one. The workgroup loops over the long ones only: a
 // loop over every segment with a barrier in it costs a barrier's worth per
 // segment on CPU drivers (thousands of tiny tensors).
-fn reduce_segments(c: u32, t: u32, kind: u32, whole: Partial, tracked: bool) {
+fn reduce_segments(c: u32, t: u32, kind: u32, whole: Partial, tracked: bool, units: vec2<u32>, walk: UnitWalk) {
     let segs = flat_segments(c);
     if segs.y - segs.x == 1u {
         if t == 0u {
@@ -1521,10 +1562,10 @@ fn reduce_segments(c: u32, t: u32, kind: u32, whole: Partial, tracked: bool) {
     let sc = stat_scale();
     var clipped = false;
     // The loop below takes the segments outside the unit run.
-    var units = vec2(segs.x);
-    if FUSE {
-        units = unit_run(c);
-        clipped = unit_stats(units, t, sc);
+    let ch = chunk_at(c);
+    let r = run_of(ch.start, ch.len);
+    if FUSE && units.y > units.x {
+        clipped = unit_stats(units, r, t, sc, walk);
     }
     let end = segs.y - (units.y - units.x);
     if FOLD_LISTS {
@@ -1534,8 +1575,6 @@ fn reduce_segments(c: u32, t: u32, kind: u32, whole: Partial, tracked: bool) {
         }
         workgroupBarrier();
     }
-    let ch = chunk_at(c);
-    let r = run_of(ch.start, ch.len);
     for (var base = segs.x + t; base < end; base += SEG_BLOCK * WG) {
         // Segments past_units(base + j * WG), j < SEG_BLOCK: tracked and tiny ones
         // folded plainly now, the others queued as bits for declined_fold
@@ -1659,6 +1698,93 @@ fn reduce_flat_tracked(c: u32, t: u32, segs: vec2<u32>, round: u32) -> Partial {
     return publish_flat(c, t);
 }
 
+// The merged walk's accumulation of a quad's bits b: plain_quads' (the
+// plain terms' sums) for L2 and an integer p, max_quads' (the largest
+// |g| bits) for Inf, each kept as bits.
+fn units_add(s: vec4<u32>, b: vec4<u32>) -> vec4<u32> {
+    if KIND == 1u {
+        return max(s, b & vec4(ABS_MASK));
+    }
+    let z = plain_value(b);
+    return bitcast<vec4<u32>>(fma(term_base(z), z, bitcast<vec4<f32>>(s)));
+}
+
+// Quad q's bits where q < end, else zeros (loading quad q0 < end instead).
+fn quad_before(q0: u32, q: u32, end: u32) -> vec4<u32> {
+    let inside = q < end;
+    return select(vec4(0u), load_quad(select(q0, q, inside)), inside);
+}
+
+// reduce_flat for a chunk with unit run `units` (FUSE; L2, Inf or an
+// integer p): the flat walk of plain_quads or max_quads, the same quads
+// in the same accumulators, so the global result keeps its bits, also
+// giving the run's tensors their results from the same loads (unit_visit;
+// unit_stats does the rest with what *walk says). A second walk over the
+// run's quads cost lavapipe as much as the flat walk itself (their loads,
+// not the statistics' arithmetic, are the cost).
+fn reduce_flat_units(c: u32, t: u32, units: vec2<u32>, walk: ptr<function, UnitWalk>) -> Partial {
+    let ch = chunk_at(c);
+    let r = run_of(ch.start, ch.len);
+    let sh = team_share(r, t);
+    let u = units_of(units);
+    // The run's inner quads in the share's range (a short last block has
+    // quads past it, another invocation's).
+    let quads = vec2(u.run.inner.x, min(u.run.inner.y, sh.end));
+    let sc = stat_scale();
+    let e0 = edge_bits(r, sh, 0u);
+    let e1 = edge_bits(r, sh, 1u);
+    var s0 = e0 & vec4(ABS_MASK);
+    var s1 = e1 & vec4(ABS_MASK);
+    if KIND != 1u {
+        s0 = bitcast<vec4<u32>>(plain_term(plain_value(e0)));
+        s1 = bitcast<vec4<u32>>(plain_term(plain_value(e1)));
+    }
+    var s2 = vec4(0u);
+    var s3 = vec4(0u);
+    let st = sh.stride;
+    // Blocks of LANES quads, the last one short where the share ends
+    // inside it: plain_quads' tail loop adds those quads to s0 in turn,
+    // and so does this, with zeros for the quads past the end (adding a
+    // zero term to a sum of non-negative ones, or a zero to a max, changes
+    // no bit). One block body, so one unit_visit: every copy is inlined
+    // with its four statistics.
+    for (var q = sh.first; q < sh.end; q += LANES * st) {
+        let b0 = load_quad(q);
+        let b1 = quad_before(q, q + st, sh.end);
+        let b2 = quad_before(q, q + 2u * st, sh.end);
+        let b3 = quad_before(q, q + 3u * st, sh.end);
+        if q + (LANES - 1u) * st < sh.end {
+            s0 = units_add(s0, b0);
+            s1 = units_add(s1, b1);
+            s2 = units_add(s2, b2);
+            s3 = units_add(s3, b3);
+        } else {
+            s0 = units_add(units_add(units_add(units_add(s0, b0), b1), b2), b3);
+        }
+        if q + (LANES - 1u) * st >= quads.x && q < quads.y {
+            unit_visit(walk, b0, q, quads, u, sc);
+            unit_visit(walk, b1, q + st, quads, u, sc);
+            unit_visit(walk, b2, q + 2u * st, quads, u, sc);
+            unit_visit(walk, b3, q + 3u * st, quads, u, sc);
+        }
+    }
+    var p: Partial;
+    if KIND == 1u {
+        p = inf_accept(r, sh, max4(max(max(s0, s1), max(s2, s3))));
+    } else {
+        let v = (bitcast<vec4<f32>>(s0) + bitcast<vec4<f32>>(s1)) + (bitcast<vec4<f32>>(s2) + bitcast<vec4<f32>>(s3));
+        if KIND == 0u {
+            p = l2_accept(r, sh, v);
+        } else {
+            p = p_int_accept(r, sh, v);
+        }
+    }
+    wg_v[t] = p.v;
+    wg_f[t] = p.flags;
+    tree_reduce(t, KIND);
+    return publish_flat(c, t);
+}
+
 // Stores the workgroup's fold of flat chunk c as its partial and returns it:
 // for a p chunk of one element, element_partial's where that is kept, so
 // that a tensor of one element alone in a chunk has the partial it has
@@ -1722,19 +1848,30 @@ fn reduce_tensors(
     let c = grid_chunk(wg, nwg);
     if c < window_flat().y {
         let segs = flat_segments(c);
+        var units = vec2(segs.x);
+        if FUSE {
+            units = unit_run(c);
+        }
+        let has_units = FUSE && units.y > units.x;
+        // A chunk with a unit run is not tracked (its one-element segments
+        // are shorter than a block but where the run is all the chunk has:
+        // two elements), so that its flat walk can take the run.
         var round = 0u;
-        if tracks_segments(segs) {
+        if tracks_segments(segs) && !has_units {
             round = tracked_round(c);
         }
-        // One call of reduce_segments for both walks: the shader compilers
+        // One call of reduce_segments for every walk: the shader compilers
         // inline it, and a copy per walk took the first per-tensor step
         // twice as long to compile on lavapipe and llvmpipe GL.
         var whole: Partial;
+        var walk = UnitWalk(false, false);
         if round != 0u {
             whole = reduce_flat_tracked(c, t, segs, round);
+        } else if has_units && !general_p() {
+            whole = reduce_flat_units(c, t, units, &walk);
         } else {
             whole = reduce_flat(c, t);
         }
-        reduce_segments(c, t, KIND, whole, round != 0u);
+        reduce_segments(c, t, KIND, whole, round != 0u, units, walk);
     }
 }

@@ -2,8 +2,9 @@
 //! (teams of eight lanes, chunks of 32 768 elements) that the native suite's
 //! CPU adapters do not: layouts whose chunks the flat walk tracks in rounds
 //! (reduce.wgsl, tracked_round), with segment ends at every place in a
-//! team's blocks, and one whose short tensors leave chunks untracked; L2,
-//! Inf and a general p. Each tensor's norm against float64, and the global
+//! team's blocks, one whose short tensors leave chunks untracked, and one
+//! with runs of one-element tensors; L2, Inf and a general p (and an
+//! integer p for the runs). Each tensor's norm against float64, and the global
 //! norm's bits against the same clip without per-tensor results.
 //!
 //! `cargo test --target wasm32-unknown-unknown --test web_tensor_norms` (see
@@ -48,6 +49,19 @@ fn sizes(rng: &mut Rng, count: usize, short: bool) -> Vec<usize> {
         .collect()
 }
 
+/// Runs of one-element tensors (the reduce pass's unit runs, reduce.wgsl
+/// unit_stats) starting at each place in a quad, the longest over three
+/// chunks, between tensors of a few elements and longer ones.
+fn unit_runs() -> Vec<usize> {
+    let mut sizes = Vec::new();
+    for (lead, run) in [(5, 600), (2, 3), (7001, 70_000), (3, 2), (129, 9)] {
+        sizes.push(lead);
+        sizes.extend(std::iter::repeat_n(1, run));
+    }
+    sizes.push(1000);
+    sizes
+}
+
 /// Each tensor's elements at its own scale, 2^-60 to 2^60, signs mixed.
 fn fill(rng: &mut Rng, sizes: &[usize]) -> Vec<f32> {
     let mut data = Vec::with_capacity(sizes.iter().sum());
@@ -75,8 +89,11 @@ async fn tensor_norms_of_tracked_and_untracked_chunks_match_float64() {
     let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
     let clipper = gradclip::Clipper::new(&gpu.device, &gpu.queue).expect("Clipper::new");
     let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
-    for (layout, short) in [(0, false), (1, false), (2, true)] {
-        let sizes = sizes(&mut rng, 700, short);
+    for layout in 0..4 {
+        let sizes = match layout {
+            3 => unit_runs(),
+            _ => sizes(&mut rng, 700, layout == 2),
+        };
         let data = fill(&mut rng, &sizes);
         let buffer = web::upload(&gpu.device, &data);
         let set = clipper
@@ -84,7 +101,13 @@ async fn tensor_norms_of_tracked_and_untracked_chunks_match_float64() {
             .expect("bind");
         // A general p too: its tracked walk keeps two-word slots
         // (reduce.wgsl, p_slot), half as many segments a chunk.
-        for order in [Order::L2, Order::Inf, Order::P(1.5)] {
+        let orders: &[Order] = match layout {
+            // An integer p too: with L2 and Inf, its flat walk gives a unit
+            // run's tensors their results (reduce_flat_units).
+            3 => &[Order::L2, Order::Inf, Order::P(1.5), Order::P(3.0)],
+            _ => &[Order::L2, Order::Inf, Order::P(1.5)],
+        };
+        for &order in orders {
             let what = format!("layout {layout} ({} elements), {order:?}", data.len());
             // A threshold far above the norm: no step changes the data.
             let clip = ClipNorm::new(f32::MAX).norm(order.to_norm());

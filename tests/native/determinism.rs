@@ -14,7 +14,15 @@ use gradclip::{ClipNorm, ClipReport, Clipper, ElementPath, GradLayout, GradType,
 /// the elements differ everywhere.
 const FIXED: [usize; 12] = [1, 3, 1000, 40_001, 7, 70_000, 2, 5003, 1, 33_333, 64, 9];
 
-/// Layouts 1.. have a few tensors of random sizes and random values: a
+/// Layout 1: runs of one-element tensors starting at each place in a quad,
+/// the longest across chunk boundaries on every device (131 072 elements
+/// on CPU adapters), between tensors of a few elements and longer ones.
+/// The reduce pass gives a chunk's longest run its tensors' results during
+/// its flat walk (reduce.wgsl, reduce_flat_units), which must add the same
+/// terms in the same order as a walk without them.
+const UNIT_RUNS: [(usize, usize); 5] = [(5, 600), (2, 3), (7001, 140_000), (3, 2), (1000, 9)];
+
+/// Layouts 2.. have a few tensors of random sizes and random values: a
 /// rounding that depends on how the elements are cut shows in some of them.
 const SEEDS: u64 = 8;
 
@@ -50,10 +58,22 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// The sizes of layout `seed`: FIXED for 0, else 2 to 6 tensors of 1 to 60 000 elements.
+/// The sizes of layout `seed`: FIXED for 0, UNIT_RUNS (each run after a
+/// tensor of `lead` elements) and a tensor of 33 001 for 1, else 2 to 6
+/// tensors of 1 to 60 000 elements.
 fn sizes(seed: u64) -> Vec<usize> {
-    if seed == 0 {
-        return FIXED.to_vec();
+    match seed {
+        0 => return FIXED.to_vec(),
+        1 => {
+            let mut sizes = Vec::new();
+            for (lead, run) in UNIT_RUNS {
+                sizes.push(lead);
+                sizes.extend(std::iter::repeat_n(1, run));
+            }
+            sizes.push(33_001);
+            return sizes;
+        }
+        _ => {}
     }
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let n = 2 + rng.next() % 5;
