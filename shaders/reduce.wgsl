@@ -584,6 +584,15 @@ fn p_finish(r: Run, sh: Share, top: u32, rf: PRef, v: vec4<f32>) -> Partial {
     return Partial(vec3(max(plain_sum(v) * k, 1.0), d.m, f32(d.e)), 0u);
 }
 
+// The partial of a share of run r whose plain terms (squares for L2, an
+// integer p's powers) summed to v: l2_accept or p_int_accept.
+fn plain_accept(r: Run, sh: Share, v: vec4<f32>) -> Partial {
+    if KIND == 0u {
+        return l2_accept(r, sh, v);
+    }
+    return p_int_accept(r, sh, v);
+}
+
 // The p-sum of a share of run r: an integer p tries its plain powers first.
 fn p_quads(r: Run, sh: Share) -> Partial {
     if POWER != 0u {
@@ -607,14 +616,19 @@ fn share_fold(r: Run, sh: Share, kind: u32) -> Partial {
     }
 }
 
-// The whole workgroup's fold of a run, in wg_v[0] / wg_f[0] on return
-// (visible to every invocation). Called in uniform control flow.
-fn workgroup_fold(start: u32, len: u32, t: u32, kind: u32) {
-    let r = run_of(start, len);
-    let q = share_fold(r, team_share(r, t), kind);
+// The workgroup's fold of each invocation's partial q of a run, in
+// wg_v[0] / wg_f[0] on return (visible to every invocation). Called in
+// uniform control flow.
+fn fold_shares(t: u32, q: Partial, kind: u32) {
     wg_v[t] = q.v;
     wg_f[t] = q.flags;
     tree_reduce(t, kind);
+}
+
+// The whole workgroup's fold of a run, as fold_shares leaves it.
+fn workgroup_fold(start: u32, len: u32, t: u32, kind: u32) {
+    let r = run_of(start, len);
+    fold_shares(t, share_fold(r, team_share(r, t), kind), kind);
 }
 
 // Per-tensor results from the flat walk's own loads. A second walk over a
@@ -1471,7 +1485,7 @@ fn unit_stats(units: vec2<u32>, r: Run, t: u32, sc: StatScale, walk: UnitWalk) -
     let u = units_of(units);
     let ur = u.run;
     var w = walk;
-    var clipped = walk.clipped;
+    var clipped = false;
     // Elements before the first inner quad, and from the end of the last
     // (none where the run lies inside one quad: head holds it all).
     let head = min(4u * ur.inner.x, ur.end) - ur.start;
@@ -1685,16 +1699,9 @@ fn reduce_flat_tracked(c: u32, t: u32, segs: vec2<u32>, round: u32) -> Partial {
     } else if general_p() {
         q = p_tracked(r, sh, &tr, round);
     } else {
-        let v = plain_tracked(r, sh, &tr, round);
-        if KIND == 0u {
-            q = l2_accept(r, sh, v);
-        } else {
-            q = p_int_accept(r, sh, v);
-        }
+        q = plain_accept(r, sh, plain_tracked(r, sh, &tr, round));
     }
-    wg_v[t] = q.v;
-    wg_f[t] = q.flags;
-    tree_reduce(t, KIND);
+    fold_shares(t, q, KIND);
     return publish_flat(c, t);
 }
 
@@ -1773,15 +1780,9 @@ fn reduce_flat_units(c: u32, t: u32, units: vec2<u32>, walk: ptr<function, UnitW
         p = inf_accept(r, sh, max4(max(max(s0, s1), max(s2, s3))));
     } else {
         let v = (bitcast<vec4<f32>>(s0) + bitcast<vec4<f32>>(s1)) + (bitcast<vec4<f32>>(s2) + bitcast<vec4<f32>>(s3));
-        if KIND == 0u {
-            p = l2_accept(r, sh, v);
-        } else {
-            p = p_int_accept(r, sh, v);
-        }
+        p = plain_accept(r, sh, v);
     }
-    wg_v[t] = p.v;
-    wg_f[t] = p.flags;
-    tree_reduce(t, KIND);
+    fold_shares(t, p, KIND);
     return publish_flat(c, t);
 }
 

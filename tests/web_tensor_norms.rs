@@ -21,6 +21,7 @@ wasm_bindgen_test_configure!(run_in_browser);
 mod common {
     pub mod adaptive_reference;
     pub mod buffers;
+    pub mod layouts;
     pub mod reference;
     pub mod web;
 }
@@ -47,19 +48,6 @@ fn sizes(rng: &mut Rng, count: usize, short: bool) -> Vec<usize> {
             _ => below(rng, 128) as usize,
         })
         .collect()
-}
-
-/// Runs of one-element tensors (the reduce pass's unit runs, reduce.wgsl
-/// unit_stats) starting at each place in a quad, the longest over three
-/// chunks, between tensors of a few elements and longer ones.
-fn unit_runs() -> Vec<usize> {
-    let mut sizes = Vec::new();
-    for (lead, run) in [(5, 600), (2, 3), (7001, 70_000), (3, 2), (129, 9)] {
-        sizes.push(lead);
-        sizes.extend(std::iter::repeat_n(1, run));
-    }
-    sizes.push(1000);
-    sizes
 }
 
 /// Each tensor's elements at its own scale, 2^-60 to 2^60, signs mixed.
@@ -91,7 +79,12 @@ async fn tensor_norms_of_tracked_and_untracked_chunks_match_float64() {
     let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
     for layout in 0..4 {
         let sizes = match layout {
-            3 => unit_runs(),
+            // Runs of one-element tensors starting at each place in a
+            // quad, the longest over three chunks.
+            3 => common::layouts::unit_runs(
+                &[(5, 600), (2, 3), (7001, 70_000), (3, 2), (129, 9)],
+                1000,
+            ),
             _ => sizes(&mut rng, 700, layout == 2),
         };
         let data = fill(&mut rng, &sizes);

@@ -7,6 +7,7 @@ pub mod adaptive_reference;
 pub mod buffers;
 pub mod checks;
 pub mod golden;
+pub mod layouts;
 pub mod reference;
 
 use std::sync::{Arc, Mutex, OnceLock};

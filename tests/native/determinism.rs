@@ -6,7 +6,7 @@
 
 use crate::common;
 
-use common::{assert_no_wgpu_errors, gpu};
+use common::{assert_no_wgpu_errors, gpu, layouts};
 use gradclip::{ClipNorm, ClipReport, Clipper, ElementPath, GradLayout, GradType, Norm};
 
 /// Layout 0: odd lengths, tensors that straddle chunk boundaries (32768
@@ -14,16 +14,15 @@ use gradclip::{ClipNorm, ClipReport, Clipper, ElementPath, GradLayout, GradType,
 /// the elements differ everywhere.
 const FIXED: [usize; 12] = [1, 3, 1000, 40_001, 7, 70_000, 2, 5003, 1, 33_333, 64, 9];
 
-/// Layout 1: runs of one-element tensors starting at several places in a
-/// quad, the last across a chunk boundary on every device (element
-/// 131 072: chunks of 131 072 elements on CPU adapters, 32 768 on others),
-/// between tensors of a few elements and longer ones. Whether a walk that
-/// adds the same terms in another order shows in the global bits depends
-/// on the data: with these values a swap of two accumulators in the merged
-/// walk did, where a layout with runs of 20 000 and 9 000 did not.
-/// The reduce pass gives a chunk's longest run its tensors' results during
-/// its flat walk (reduce.wgsl, reduce_flat_units), which must add the same
-/// terms in the same order as a walk without them.
+/// Layout 1: runs of one-element tensors, each `(lead, run)` after a
+/// tensor of `lead` elements, starting at several places in a quad, the
+/// last across a chunk boundary on every device (element 131 072: chunks
+/// of 131 072 elements on CPU adapters, 32 768 on others). The reduce pass
+/// gives a chunk's longest run its tensors' results during its flat walk
+/// (reduce.wgsl, reduce_flat_units), which must add the same terms in the
+/// same order as a walk without them. Whether another order shows in the
+/// global bits depends on the data: with these values a swap of two
+/// accumulators in that walk did, where runs of 20 000 and 9 000 did not.
 const UNIT_RUNS: [(usize, usize); 5] = [(5, 600), (2, 3), (7001, 40_000), (3, 2), (83_001, 9_000)];
 
 /// Layouts 2.. have a few tensors of random sizes and random values: a
@@ -62,26 +61,18 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// The sizes of layout `seed`: FIXED for 0, UNIT_RUNS (each run after a
-/// tensor of `lead` elements) and a tensor of 33 001 for 1, else 2 to 6
-/// tensors of 1 to 60 000 elements.
+/// The sizes of layout `seed`: FIXED for 0, UNIT_RUNS and a tensor of
+/// 33 001 for 1, else 2 to 6 tensors of 1 to 60 000 elements.
 fn sizes(seed: u64) -> Vec<usize> {
     match seed {
-        0 => return FIXED.to_vec(),
-        1 => {
-            let mut sizes = Vec::new();
-            for (lead, run) in UNIT_RUNS {
-                sizes.push(lead);
-                sizes.extend(std::iter::repeat_n(1, run));
-            }
-            sizes.push(33_001);
-            return sizes;
+        0 => FIXED.to_vec(),
+        1 => layouts::unit_runs(&UNIT_RUNS, 33_001),
+        _ => {
+            let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+            let n = 2 + rng.next() % 5;
+            (0..n).map(|_| 1 + (rng.next() % 60_000) as usize).collect()
         }
-        _ => {}
     }
-    let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
-    let n = 2 + rng.next() % 5;
-    (0..n).map(|_| 1 + (rng.next() % 60_000) as usize).collect()
 }
 
 /// One clip on a fresh buffer holding `bytes`: the report and the buffer's
