@@ -16,8 +16,32 @@ pub fn upload(device: &wgpu::Device, data: &[f32]) -> wgpu::Buffer {
     upload_bytes(device, bytes)
 }
 
-/// A gradient buffer holding `bytes` (f16/bf16 words, or f32 bit patterns).
+/// A gradient buffer holding `bytes` (f16/bf16 words, or f32 bit patterns),
+/// then NaN words up to the next multiple of 16 bytes, which no pass may
+/// read into a result or write.
+///
+/// Padded because a buffer that ends inside a 16-byte quad takes the
+/// separate `F32Unaligned` element path, whose pipelines are compiled apart
+/// from the aligned path's: with exact sizes, three in four of the tests'
+/// random layouts compiled every pipeline they use twice, and compiles are
+/// most of what the native suites spend on CPU drivers. tests/native/quads.rs
+/// compares the two paths bit for bit (buffers from [`upload_exact`]).
 pub fn upload_bytes(device: &wgpu::Device, bytes: &[u8]) -> wgpu::Buffer {
+    let mut padded = bytes.to_vec();
+    while !padded.len().is_multiple_of(16) {
+        padded.extend_from_slice(&PAD_WORD.to_le_bytes()[..(16 - padded.len() % 16).min(4)]);
+    }
+    upload_exact(device, &padded)
+}
+
+/// What [`upload_bytes`] pads with: a quiet NaN's bits (in 16-bit types, a
+/// NaN's and a subnormal's), so that a pass that took padding into a norm
+/// would show it.
+pub const PAD_WORD: u32 = 0x7fc0_0001;
+
+/// A gradient buffer of exactly `bytes`: one that ends inside a 16-byte quad
+/// takes the `F32Unaligned` path for f32 gradients.
+pub fn upload_exact(device: &wgpu::Device, bytes: &[u8]) -> wgpu::Buffer {
     device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
         label: Some("test gradients"),
         contents: bytes,

@@ -11,7 +11,7 @@ use crate::common;
 
 use common::adaptive_reference::Rng;
 use common::reference::{self, Order};
-use common::{assert_no_wgpu_errors, download, gpu, rel_diff, upload};
+use common::{assert_no_wgpu_errors, download, gpu, layouts, rel_diff};
 use gradclip::{ClipNorm, ElementPath, GradLayout, Norm};
 
 /// Tensor sizes that start and end at every offset inside a quad: tiny
@@ -50,7 +50,7 @@ fn gradients(seed: u64, wild: bool) -> Vec<f32> {
 fn buffer_with_padding(data: &[f32], pad: usize) -> wgpu::Buffer {
     let mut all = data.to_vec();
     all.extend(std::iter::repeat_n(f32::from_bits(0x7fc0_1234), pad));
-    upload(&gpu().device, &all)
+    common::buffers::upload_exact(&gpu().device, bytemuck::cast_slice(&all))
 }
 
 struct Outcome {
@@ -62,9 +62,20 @@ struct Outcome {
 /// One clip of `data` bound in a buffer with `pad` elements after it: by
 /// norm, or with `None` by value into [-0.05, 0.03].
 fn clip(data: &[f32], pad: usize, want_path: ElementPath, clip: Option<&ClipNorm>) -> Outcome {
+    clip_sizes(&SIZES, data, pad, want_path, clip)
+}
+
+/// [`clip`] of a layout of `sizes`.
+fn clip_sizes(
+    sizes: &[usize],
+    data: &[f32],
+    pad: usize,
+    want_path: ElementPath,
+    clip: Option<&ClipNorm>,
+) -> Outcome {
     let g = gpu();
     let buffer = buffer_with_padding(data, pad);
-    let layout = GradLayout::from_sizes(&SIZES).unwrap();
+    let layout = GradLayout::from_sizes(sizes).unwrap();
     let set = g.clipper.bind(&buffer, &layout).unwrap();
     assert_eq!(set.element_paths(), [want_path], "pad {pad}");
     let mut encoder = g.device.create_command_encoder(&Default::default());
@@ -205,4 +216,51 @@ fn clamped_values_reach_exactly_their_own_elements() {
     reference::assert_identical(&a.after, &b.after, "clamp");
     let want: Vec<f32> = data.iter().map(|g| g.clamp(-0.05, 0.03)).collect();
     reference::assert_identical(&b.after, &want, "clamp vs reference");
+}
+
+/// Runs of one-element tensors that start at every offset in a quad, to
+/// which the reduce pass gives their norms and factors from its flat
+/// walk's loads (reduce.wgsl, reduce_flat_units, unit_stats): the same bits
+/// on both f32 paths (the other tests bind most of their layouts on the
+/// aligned one), each factor on its own element only, and float64's norms.
+#[test]
+fn unit_runs_give_the_same_bits_on_both_f32_paths() {
+    let sizes = layouts::unit_runs(&[(1, 40), (2, 9), (3, 300), (4, 2)], 1001);
+    let n: usize = sizes.iter().sum();
+    assert_ne!(n % 4, 0, "the layout must end inside a quad");
+    let mut rng = Rng::new(23);
+    let data: Vec<f32> = (0..n)
+        .map(|i| (rng.normal() * 10f64.powi((i % 7) as i32 - 3)) as f32)
+        .collect();
+    for (name, c, order) in [
+        ("L2", ClipNorm::new(0.05).per_tensor(true), Order::L2),
+        (
+            "p=3",
+            ClipNorm::new(0.05).norm(Norm::P(3.0)).per_tensor(true),
+            Order::P(3.0),
+        ),
+    ] {
+        let a = clip_sizes(&sizes, &data, 0, ElementPath::F32Unaligned, Some(&c));
+        let b = clip_sizes(&sizes, &data, 4 - n % 4, ElementPath::F32, Some(&c));
+        assert_same_bits(&a, &b, name);
+        let report = b.report.as_ref().unwrap();
+        reference::assert_tensor_norms(&report.tensor_norms, &data, &sizes, order, 1e-5, name);
+        let mut want = Vec::with_capacity(n);
+        let mut clipped = 0;
+        for x in layout_tensors(&data, &sizes) {
+            let norm = reference::norm(x, order);
+            clipped += usize::from(norm > 0.05);
+            want.extend(reference::torch_clipped(x, norm, 0.05));
+        }
+        assert!(clipped > 100, "{name}: only {clipped} tensors clipped");
+        reference::assert_close(&b.after, &want, 1e-6, name);
+    }
+}
+
+/// The tensors of `data` laid out as `sizes`.
+fn layout_tensors<'a>(data: &'a [f32], sizes: &'a [usize]) -> impl Iterator<Item = &'a [f32]> {
+    sizes.iter().scan(0, move |at, &n| {
+        *at += n;
+        Some(&data[*at - n..*at])
+    })
 }
