@@ -402,10 +402,12 @@ fn one_element_tensors_have_norm_x_wherever_they_lie() {
         let x = data[starts[t]] * 2f32.powi(k as i32 * 13 - 100);
         data[starts[t]] = specials.get(k % 5).copied().unwrap_or(x);
     }
+    // p = 8: |x|^p overflows f32 from 2^16 (and is the power the other
+    // per-tensor tests use, so its pipelines are compiled once).
     for (tensorflow, order) in [
         (false, Order::P(1.0)),
         (true, Order::P(3.0)),
-        (false, Order::P(4.0)),
+        (false, Order::P(8.0)),
         (true, Order::P(1.5)),
         (false, Order::Inf),
     ] {

@@ -31,6 +31,13 @@ const SEEDS: u64 = 8;
 
 const NORMS: [Norm; 4] = [Norm::L2, Norm::Inf, Norm::P(3.0), Norm::L1];
 
+/// The norms of the f16 paths' comparison: each walk once. The two paths
+/// differ only in how they load and widen elements, and an integer p's
+/// walks are the same code for every power (L1 is p = 1), but each power
+/// is a pipeline of its own on each path: L1's per-tensor pipelines took
+/// about 70 of the comparison's 245 s on lavapipe, compiling.
+const F16_NORMS: [Norm; 3] = [Norm::L2, Norm::Inf, Norm::P(3.0)];
+
 struct Rng(u64);
 
 impl Rng {
@@ -225,7 +232,7 @@ fn native_and_packed_f16_give_the_same_bits() {
     for seed in 0..SEEDS {
         let sizes = sizes(seed);
         let layout = GradLayout::from_sizes(&sizes).unwrap();
-        for norm in NORMS {
+        for norm in F16_NORMS {
             let data = values(sizes.iter().sum(), seed);
             let bytes = f16_bytes(&layout, &data);
             let base = ClipNorm::new(1e-3).norm(norm);
@@ -271,7 +278,11 @@ fn a_narrow_dispatch_limit_changes_no_bit() {
         40,
         "the layout must make 40 flat chunks"
     );
-    for norm in NORMS.into_iter().chain([Norm::P(1.5)]) {
+    // One norm per reduction kind (the KIND override): the grid and the
+    // strides are the same code for every power, and each power is a set of
+    // pipelines the narrow device compiles again (SwiftShader has no disk
+    // cache: this test took 89 s there with L1 and p = 3 too).
+    for norm in [Norm::L2, Norm::Inf, Norm::P(1.5)] {
         let base = ClipNorm::new(1e-3).norm(norm);
         for clip in [base, base.tensor_norms(true), base.per_tensor(true)] {
             let (want, want_words) = clip_once(&g.clipper, &layout, GradType::F32, bytes, &clip);
