@@ -27,10 +27,9 @@ pub fn upload(device: &wgpu::Device, data: &[f32]) -> wgpu::Buffer {
 /// most of what the native suites spend on CPU drivers. tests/native/quads.rs
 /// compares the two paths bit for bit (buffers from [`upload_exact`]).
 pub fn upload_bytes(device: &wgpu::Device, bytes: &[u8]) -> wgpu::Buffer {
+    let pad = bytes.len().next_multiple_of(16) - bytes.len();
     let mut padded = bytes.to_vec();
-    while !padded.len().is_multiple_of(16) {
-        padded.extend_from_slice(&PAD_WORD.to_le_bytes()[..(16 - padded.len() % 16).min(4)]);
-    }
+    padded.extend(PAD_WORD.to_le_bytes().iter().cycle().take(pad));
     upload_exact(device, &padded)
 }
 

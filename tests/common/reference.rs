@@ -75,6 +75,36 @@ pub fn tensorflow_clipped(data: &[f32], norm: f64, clip_norm: f64) -> Vec<f32> {
     data.iter().map(|&g| (g as f64 * coef) as f32).collect()
 }
 
+/// Each tensor's float64 norm under `order` (the tensors of `sizes` laid
+/// end to end in `data`), and the gradients after clipping each tensor by
+/// its own norm to `max_norm` (PyTorch's rule, or TensorFlow's
+/// `clip_by_norm`).
+pub fn per_tensor_reference(
+    data: &[f32],
+    sizes: &[usize],
+    order: Order,
+    max_norm: f32,
+    tensorflow: bool,
+) -> (Vec<f64>, Vec<f32>) {
+    let mut norms = Vec::with_capacity(sizes.len());
+    let mut want = Vec::with_capacity(data.len());
+    let mut start = 0;
+    for &n in sizes {
+        let tensor = &data[start..start + n];
+        start += n;
+        let norm = norm(tensor, order);
+        want.extend(if tensorflow && norm > 0.0 {
+            tensorflow_clipped(tensor, norm, max_norm as f64)
+        } else if tensorflow {
+            tensor.to_vec()
+        } else {
+            torch_clipped(tensor, norm, max_norm as f64)
+        });
+        norms.push(norm);
+    }
+    (norms, want)
+}
+
 /// Asserts that `got` holds, in layout order, the norm of each tensor of
 /// `sizes` laid end to end in `data`, each within relative `tol` of its
 /// float64 norm; returns those float64 norms.

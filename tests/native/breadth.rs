@@ -4,7 +4,7 @@
 
 use crate::common;
 
-use common::reference::{self, assert_close, assert_identical, Order};
+use common::reference::{self, assert_close, assert_identical, per_tensor_reference, Order};
 use common::{
     assert_no_wgpu_errors, download, framework_clip, gpu, rel_diff, run_clip, upload, watch_errors,
     GRAD_USAGE,
@@ -138,32 +138,6 @@ fn check_inf_tensor(
     let want =
         reference::torch_clipped(finite, reference::norm(finite, Order::L2), max_norm as f64);
     assert_close(&parts[beside], &want, 1e-5, what);
-}
-
-/// Each tensor's float64 norm under `order`, and the gradients after
-/// clipping each tensor by its own norm to `max_norm` (PyTorch's rule, or
-/// TensorFlow's `clip_by_norm`).
-fn per_tensor_reference(
-    data: &[f32],
-    sizes: &[usize],
-    order: Order,
-    max_norm: f32,
-    tensorflow: bool,
-) -> (Vec<f64>, Vec<f32>) {
-    let mut norms = Vec::new();
-    let mut want = Vec::new();
-    for tensor in split(data, sizes) {
-        let norm = reference::norm(&tensor, order);
-        want.extend(if tensorflow && norm > 0.0 {
-            reference::tensorflow_clipped(&tensor, norm, max_norm as f64)
-        } else if tensorflow {
-            tensor.clone()
-        } else {
-            reference::torch_clipped(&tensor, norm, max_norm as f64)
-        });
-        norms.push(norm);
-    }
-    (norms, want)
 }
 
 #[test]

@@ -782,7 +782,7 @@ fn one_clip_over_an_f32_and_a_bf16_buffer() {
         .into_iter()
         .map(|b| b & 0xbfff) // magnitudes below 2: the f32 part matters too
         .collect();
-    let master = common::buffers::upload_exact(&g.device, bytemuck::cast_slice(&f));
+    let master = buffer(bytemuck::cast_slice(&f));
     let mut b_packed = b_bits.clone();
     b_packed.push(0x7fc1); // padding: a NaN nobody may read
     let half = buffer(bytemuck::cast_slice(&b_packed));

@@ -124,19 +124,18 @@ fn assert_same_bits(a: &Outcome, b: &Outcome, what: &str) {
     reference::assert_identical(&a.after, &b.after, what);
 }
 
-/// Padding elements after the layout's N elements that make the window end
+/// Padding elements after a layout's n elements that make the window end
 /// inside a quad (none: it ends where the buffer does) and on one (the
 /// window rounds up to the quad's end), so that the tests take both f32
 /// paths.
-fn unaligned_pad() -> (usize, usize) {
-    let n = sizes_total();
+fn unaligned_pad(n: usize) -> (usize, usize) {
     assert_ne!(n % 4, 0, "the layout must end inside a quad");
     (0, 4 - n % 4)
 }
 
 #[test]
 fn tensors_at_every_offset_in_a_quad_follow_float64_on_both_f32_paths() {
-    let (unaligned, aligned) = unaligned_pad();
+    let (unaligned, aligned) = unaligned_pad(sizes_total());
     for wild in [false, true] {
         let data = gradients(if wild { 7 } else { 3 }, wild);
         let cases: Vec<(String, ClipNorm, Order)> = vec![
@@ -182,7 +181,7 @@ fn tensors_at_every_offset_in_a_quad_follow_float64_on_both_f32_paths() {
 
 #[test]
 fn per_tensor_factors_reach_exactly_their_own_elements() {
-    let (unaligned, aligned) = unaligned_pad();
+    let (unaligned, aligned) = unaligned_pad(sizes_total());
     let data = gradients(11, false);
     let c = ClipNorm::new(0.25).per_tensor(true);
     let a = clip(&data, unaligned, ElementPath::F32Unaligned, Some(&c));
@@ -209,7 +208,7 @@ fn per_tensor_factors_reach_exactly_their_own_elements() {
 
 #[test]
 fn clamped_values_reach_exactly_their_own_elements() {
-    let (unaligned, aligned) = unaligned_pad();
+    let (unaligned, aligned) = unaligned_pad(sizes_total());
     let data = gradients(5, true);
     let a = clip(&data, unaligned, ElementPath::F32Unaligned, None);
     let b = clip(&data, aligned, ElementPath::F32, None);
@@ -227,7 +226,7 @@ fn clamped_values_reach_exactly_their_own_elements() {
 fn unit_runs_give_the_same_bits_on_both_f32_paths() {
     let sizes = layouts::unit_runs(&[(1, 40), (2, 9), (3, 300), (4, 2)], 1001);
     let n: usize = sizes.iter().sum();
-    assert_ne!(n % 4, 0, "the layout must end inside a quad");
+    let (unaligned, aligned) = unaligned_pad(n);
     let mut rng = Rng::new(23);
     let data: Vec<f32> = (0..n)
         .map(|i| (rng.normal() * 10f64.powi((i % 7) as i32 - 3)) as f32)
@@ -240,27 +239,20 @@ fn unit_runs_give_the_same_bits_on_both_f32_paths() {
             Order::P(3.0),
         ),
     ] {
-        let a = clip_sizes(&sizes, &data, 0, ElementPath::F32Unaligned, Some(&c));
-        let b = clip_sizes(&sizes, &data, 4 - n % 4, ElementPath::F32, Some(&c));
+        let a = clip_sizes(
+            &sizes,
+            &data,
+            unaligned,
+            ElementPath::F32Unaligned,
+            Some(&c),
+        );
+        let b = clip_sizes(&sizes, &data, aligned, ElementPath::F32, Some(&c));
         assert_same_bits(&a, &b, name);
         let report = b.report.as_ref().unwrap();
         reference::assert_tensor_norms(&report.tensor_norms, &data, &sizes, order, 1e-5, name);
-        let mut want = Vec::with_capacity(n);
-        let mut clipped = 0;
-        for x in layout_tensors(&data, &sizes) {
-            let norm = reference::norm(x, order);
-            clipped += usize::from(norm > 0.05);
-            want.extend(reference::torch_clipped(x, norm, 0.05));
-        }
+        let (norms, want) = reference::per_tensor_reference(&data, &sizes, order, 0.05, false);
+        let clipped = norms.iter().filter(|&&norm| norm > 0.05).count();
         assert!(clipped > 100, "{name}: only {clipped} tensors clipped");
         reference::assert_close(&b.after, &want, 1e-6, name);
     }
-}
-
-/// The tensors of `data` laid out as `sizes`.
-fn layout_tensors<'a>(data: &'a [f32], sizes: &'a [usize]) -> impl Iterator<Item = &'a [f32]> {
-    sizes.iter().scan(0, move |at, &n| {
-        *at += n;
-        Some(&data[*at - n..*at])
-    })
 }
