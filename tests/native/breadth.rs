@@ -357,15 +357,27 @@ fn one_element_tensors_have_norm_x_wherever_they_lie() {
     // back through a rounded root), wherever the tensor lies: first and
     // last in tracked chunks (each chunk of shaders::MIN_CHUNK_ELEMENTS =
     // 32768 elements here: a one-element tensor, ten of 3000 elements, one
-    // of 2766, a one-element tensor), and alone, where its norm is also
-    // the global one. (Runs of them, and those between short tensors:
-    // runs_of_one_element_tensors_match_float64_and_lone_ones_bits.)
+    // of 2766, a one-element tensor), between long tensors in the last
+    // chunk, which that makes untracked (its shortest inner segment is
+    // shorter than a tracked round), so that its long tensors take the
+    // per-segment fold's lists, and alone, where its norm is also the
+    // global one. (Runs of them, and those between short tensors:
+    // runs_of_one_element_tensors_match_float64_and_lone_ones_bits.) With
+    // the lists, the set takes the same pipelines as the other per-tensor
+    // tests of these norms, and no pipelines of its own.
     let chunks = 8;
     let mut sizes = Vec::new();
-    for _ in 0..chunks {
+    for chunk in 0..chunks {
         sizes.push(1);
-        sizes.extend([3000; 10]);
-        sizes.extend([2766, 1]);
+        if chunk + 1 < chunks {
+            sizes.extend([3000; 10]);
+            sizes.extend([2766, 1]);
+        } else {
+            sizes.extend([3000; 5]);
+            sizes.push(1);
+            sizes.extend([3000; 5]);
+            sizes.extend([2765, 1]);
+        }
     }
     let starts = starts_of(&sizes);
     let mut data = values(starts[sizes.len() - 1] + 1, 15);
@@ -377,7 +389,7 @@ fn one_element_tensors_have_norm_x_wherever_they_lie() {
         data[starts[t]] = specials.get(k % 5).copied().unwrap_or(x);
     }
     // p = 8: |x|^p overflows f32 from 2^16 (and is the power the other
-    // per-tensor tests use, so its pipelines are compiled once).
+    // per-tensor tests use).
     for (tensorflow, order) in [
         (false, Order::P(1.0)),
         (true, Order::P(3.0)),
