@@ -10,6 +10,7 @@
 use crate::common;
 
 use common::adaptive_reference::Rng;
+use common::buffers::PAD_WORD;
 use common::reference::{self, Order};
 use common::{assert_no_wgpu_errors, download, gpu, layouts, rel_diff};
 use gradclip::{ClipNorm, ElementPath, GradLayout, Norm};
@@ -49,7 +50,7 @@ fn gradients(seed: u64, wild: bool) -> Vec<f32> {
 /// A buffer holding `data` and then `pad` NaN elements nobody may touch.
 fn buffer_with_padding(data: &[f32], pad: usize) -> wgpu::Buffer {
     let mut all = data.to_vec();
-    all.extend(std::iter::repeat_n(f32::from_bits(0x7fc0_1234), pad));
+    all.extend(std::iter::repeat_n(f32::from_bits(PAD_WORD), pad));
     common::buffers::upload_exact(&gpu().device, bytemuck::cast_slice(&all))
 }
 
@@ -87,7 +88,7 @@ fn clip_sizes(
     let report = clip.map(|_| pollster::block_on(set.read_report()).unwrap());
     let all = download(&g.device, &g.queue, &buffer, data.len() + pad);
     for (i, p) in all[data.len()..].iter().enumerate() {
-        assert_eq!(p.to_bits(), 0x7fc0_1234, "padding element {i} written");
+        assert_eq!(p.to_bits(), PAD_WORD, "padding element {i} written");
     }
     assert_no_wgpu_errors();
     Outcome {
