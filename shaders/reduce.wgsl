@@ -1393,18 +1393,6 @@ fn unit_plain(a: u32, tensor: u32, sc: StatScale, clipped: ptr<function, bool>) 
     return select(select(UNIT_GENERAL, UNIT_DONE, ok), UNIT_EXACT, !k.ok);
 }
 
-// The one-element tensor `tensor` at window element i, by the general
-// path a tiny segment takes: exact_quads where its plain partial is not
-// kept, clip_of. Returns whether its factor is not 1.
-fn unit_general(i: u32, tensor: u32, sc: StatScale) -> bool {
-    var k = element_partial(load_element(i) & ABS_MASK);
-    if !k.ok {
-        let r = run_of(i, 1u);
-        k.p = exact_quads(r, whole_share(r), KIND);
-    }
-    return store_general_stat(tensor, k.p, sc);
-}
-
 // unit_plain for the four one-element tensors of quad q, whose bits are
 // b, element i being tensor i + to_tensor.
 fn unit_quad(b: vec4<u32>, q: u32, to_tensor: u32, sc: StatScale, clipped: ptr<function, bool>) -> vec4<u32> {
@@ -1474,9 +1462,11 @@ fn unit_visit(w: ptr<function, UnitWalk>, b: vec4<u32>, q: u32, quads: vec2<u32>
 // with exact_quads in the general queue's loop, every tensor that
 // clip_of takes, each one for an integer p, paid for a masked
 // exact_quads: p = 3, 200 000 one-element tensors, 5.6 ms against 3.5
-// before this path). The edge elements (in quads shared with the segments
-// beside the run) one per invocation, by unit_general. Returns whether
-// some factor is not 1. With one invocation per segment, its record, its
+// before this path). The run is whole quads (the host trims it): a
+// path for the elements of a quad shared with the segments beside the run
+// was one more copy of exact_quads and clip_of in every pipeline that has
+// runs, compiled for at most six elements per chunk, which reduce_segments'
+// loop gives the same bits. Returns whether some factor is not 1. With one invocation per segment, its record, its
 // element and its 16-byte statistic gathered and scattered lane by lane,
 // 200 000 one-element tensors cost reduce_tensors 1.5-1.7 ms on lavapipe
 // (L2, no-clip; the plain reduce 0.13 ms); a throwaway build that gave
@@ -1486,14 +1476,6 @@ fn unit_stats(units: vec2<u32>, r: Run, t: u32, sc: StatScale, walk: UnitWalk) -
     let ur = u.run;
     var w = walk;
     var clipped = false;
-    // Elements before the first inner quad, and from the end of the last
-    // (none where the run lies inside one quad: head holds it all).
-    let head = min(4u * ur.inner.x, ur.end) - ur.start;
-    let tail = clamp(4u * ur.inner.y, ur.start + head, ur.end);
-    for (var k = t; k < head + (ur.end - tail); k += WG) {
-        let i = select(tail + (k - head), ur.start + k, k < head);
-        clipped = unit_general(i, i + u.to_tensor, sc) || clipped;
-    }
     let sh = share_within(team_share(r, t), ur.inner);
     if general_p() {
         for (var q = sh.first; q < sh.end; q += sh.stride) {
@@ -1856,7 +1838,7 @@ fn reduce_tensors(
         let has_units = FUSE && units.y > units.x;
         // A chunk with a unit run is not tracked (its one-element segments
         // are shorter than a block but where the run is all the chunk has:
-        // two elements), so that its flat walk can take the run.
+        // a quad), so that its flat walk can take the run.
         var round = 0u;
         if tracks_segments(segs) && !has_units {
             round = tracked_round(c);

@@ -669,12 +669,17 @@ impl Plan {
         }
     }
 
-    /// Flat chunk k's unit run: its longest run of segments (at least
-    /// two) that are each a fused tensor of one element, the elements one
-    /// after another in the window and the tensors too, so that the reduce
-    /// pass reads them a quad at a time and finds each one's tensor by
-    /// arithmetic, with no segment record (WGSL `unit_stats`). Empty (at
-    /// the chunk's first segment) where there is none.
+    /// Flat chunk k's unit run: its longest run of segments that are each
+    /// a fused tensor of one element, the elements one after another in
+    /// the window and the tensors too, trimmed to whole quads of the
+    /// window (at least one), so that the reduce pass reads them a quad at
+    /// a time and finds each one's tensor by arithmetic, with no segment
+    /// record (WGSL `unit_stats`). The trimmed ends, at most three
+    /// elements each, go through the pass's loop over segments, which gives
+    /// a one-element tensor the same bits: the run then needs no path for
+    /// part of a quad, and the pipelines that have runs compile one copy
+    /// fewer of the general path. Empty (at the chunk's first segment)
+    /// where there is none.
     fn unit_run(&self, k: usize, fused: &[bool]) -> (u32, u32) {
         let (first, end) = self.flat_segments(k);
         let unit = |s: usize| {
@@ -685,22 +690,28 @@ impl Plan {
             let (a, b) = (&self.chunks[s - 1], &self.chunks[s]);
             b.start == a.start + 1 && b.tensor == a.tensor + 1
         };
+        // The segments of run [begin, stop) whose elements fill whole
+        // quads, as [begin, end) again: empty where none does.
+        let whole_quads = |begin: usize, stop: usize| {
+            let lo = self.chunks[begin].start as usize;
+            let (qlo, qhi) = (lo.next_multiple_of(4), (lo + stop - begin) / 4 * 4);
+            let b = begin + (qlo - lo);
+            (b, b + qhi.saturating_sub(qlo))
+        };
         let mut best = (first, first);
         let mut begin = first;
-        for s in first..end {
-            if !unit(s) {
-                begin = s + 1;
+        for s in first..=end {
+            let breaks = s == end || !unit(s) || (s > begin && !follows(s));
+            if !breaks {
                 continue;
             }
-            if s > begin && !follows(s) {
-                begin = s;
+            if s > begin {
+                let (b, e) = whole_quads(begin, s);
+                if e - b > best.1 - best.0 {
+                    best = (b, e);
+                }
             }
-            if s + 1 - begin > best.1 - best.0 {
-                best = (begin, s + 1);
-            }
-        }
-        if best.1 - best.0 < 2 {
-            best = (first, first);
+            begin = if s < end && unit(s) { s } else { s + 1 };
         }
         (best.0 as u32, best.1 as u32)
     }
@@ -843,27 +854,39 @@ mod tests {
     }
 
     #[test]
-    fn unit_runs_are_each_chunks_longest_run_of_consecutive_one_element_tensors() {
-        // Chunk [0, 64): tensors 0-2 (one element each), 3 (5), 4 and 5
-        // (one each), 6 (empty: tensor 7 follows 5's element but not its
-        // index), 7-11 (one each), 12 (30) and 13 (20, into the next
-        // chunk); chunk [64, 128): 14 and 15 (one each), then 16 (200) to
-        // the end.
-        let sizes = [1, 1, 1, 5, 1, 1, 0, 1, 1, 1, 1, 1, 30, 20, 1, 1, 200];
+    fn unit_runs_are_each_chunks_longest_run_of_whole_quads_of_one_element_tensors() {
+        // Chunk [0, 64): tensor 0 (5 elements), 1-10 (one each, elements
+        // 5-14: whole quads 8-11 only), 11 (5), 12-19 (one each, elements
+        // 20-27: two whole quads, so this run wins though it is shorter),
+        // 20 (30) and 21 (20, into the next chunk); chunk [64, 128): 22-24
+        // (one each, elements 78-80: no whole quad), 25 (empty: tensor 26
+        // follows 24's element but not its index), 26-32 (one each,
+        // elements 81-87: quad 84-87 only), then 33 (200) to the end.
+        let mut sizes = vec![5];
+        sizes.extend([1; 10]);
+        sizes.push(5);
+        sizes.extend([1; 8]);
+        sizes.extend([30, 20, 1, 1, 1, 0]);
+        sizes.extend([1; 7]);
+        sizes.push(200);
         let layout = GradLayout::from_sizes(&sizes).unwrap();
         let mut plan = plan(&layout, &packed(&layout), 64, 1 << 20, 16).unwrap();
         plan.fuse(11);
         let tensor = |s: u32| plan.chunks[s as usize].tensor;
+        let start = |s: u32| plan.chunks[s as usize].start;
         assert_eq!(
             (tensor(plan.units[0].0), tensor(plan.units[0].1 - 1)),
-            (7, 11)
+            (12, 19)
         );
-        assert_eq!(plan.units[0].1 - plan.units[0].0, 5);
+        assert_eq!(plan.units[0].1 - plan.units[0].0, 8);
         assert_eq!(
             (tensor(plan.units[1].0), tensor(plan.units[1].1 - 1)),
-            (14, 15)
+            (29, 32)
         );
-        assert_eq!(plan.units[1].1 - plan.units[1].0, 2);
+        assert_eq!(plan.units[1].1 - plan.units[1].0, 4);
+        for &(begin, end) in &plan.units[..2] {
+            assert_eq!((start(begin) % 4, (end - begin) % 4), (0, 0));
+        }
         assert_eq!(plan.units.len(), plan.flat.len());
         for (k, &(begin, end)) in plan.units.iter().enumerate().skip(2) {
             assert_eq!(

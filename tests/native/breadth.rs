@@ -215,8 +215,9 @@ fn runs_of_one_element_tensors_match_float64_and_lone_ones_bits() {
     // elements on every device), starting at every offset in a quad, the
     // last across a chunk boundary, with two- and five-element tensors
     // after each and a shorter run beside the last; the reduce pass gives
-    // a chunk's longest run its tensors' results a quad at a time
-    // (unit_stats), the others through its per-segment loop. Each
+    // the tensors of the whole quads of a chunk's longest run their results
+    // a quad at a time (unit_stats), the others, those of a run's partial
+    // quads among them, through its per-segment loop. Each
     // tensor's results must be those of a lone one-element tensor of the
     // same value, which takes the per-segment fold: the second layout
     // places every such tensor between two-element ones. Magnitudes span
