@@ -1355,11 +1355,16 @@ fn past_units(v: u32, units: vec2<u32>) -> u32 {
 // and llvmpipe, 32 on SwiftShader) and round the root. Taken here, a
 // finite element's partial also skips exact_quads' two edge quads of
 // merge_p (two log2 and an exp2 each, on CPU drivers for every element).
+// For L2 a zero's plain partial, zeros, is exact_quads' too, and is kept
+// here (the plain sum's window has no zero): a zero gradient of a
+// one-element tensor, which training gives where a parameter goes unused,
+// would cost the unit run's queues an exact_quads and a clip_of.
 fn element_partial(a: u32) -> Tracked {
     if KIND == 2u {
         return Tracked(Partial(select(vec3(0.0), p_self(a), a != 0u), 0u), a < EXP_MASK);
     }
-    return plain_partial(add_term(0.0, a), a);
+    let k = plain_partial(add_term(0.0, a), a);
+    return Tracked(k.p, k.ok || a == 0u);
 }
 
 // A segment's plain partial k, or for a segment of one element (len 1)
