@@ -1471,7 +1471,8 @@ fn unit_visit(w: ptr<function, UnitWalk>, b: vec4<u32>, q: u32, quads: vec2<u32>
 // path for the elements of a quad shared with the segments beside the run
 // was one more copy of exact_quads and clip_of in every pipeline that has
 // runs, compiled for at most six elements per chunk, which reduce_segments'
-// loop gives the same bits. Returns whether some factor is not 1. With one invocation per segment, its record, its
+// loop gives the same bits. Returns whether some factor is not 1. With
+// one invocation per segment, its record, its
 // element and its 16-byte statistic gathered and scattered lane by lane,
 // 200 000 one-element tensors cost reduce_tensors 1.5-1.7 ms on lavapipe
 // (L2, no-clip; the plain reduce 0.13 ms); a throwaway build that gave
