@@ -209,6 +209,76 @@ fn fused_tensors_match_float64() {
 }
 
 #[test]
+fn tiny_tensors_of_zeros_match_float64() {
+    // Tiny tensors (2 to 31 elements: tiny segments on every device)
+    // between ordinary ones, most of them zeros: +0, -0, both, and zeros
+    // with one element whose square leaves f32 (the smallest subnormal,
+    // 1e-30) or is ordinary. The reduce pass keeps a tiny segment's plain
+    // partial where its elements are all zeros (tiny_partial), and must
+    // keep nothing else the plain sum's window would not: a tensor whose
+    // only element is 2^-149 has that norm, not zero's. Unused parameters
+    // give exactly such gradients.
+    let mut sizes = Vec::new();
+    let mut specials: Vec<(usize, f32)> = Vec::new();
+    for k in 0..120 {
+        let n = 2 + (k * 7) % 30;
+        sizes.push(if k % 10 == 0 { 3000 } else { 300 });
+        let t = sizes.len();
+        sizes.push(n);
+        specials.push((t, [0.0, -0.0, f32::from_bits(1), 1e-30, 0.75, 0.0][k % 6]));
+    }
+    sizes.push(500);
+    let starts = starts_of(&sizes);
+    let mut data = values(sizes.iter().sum(), 31);
+    for (k, &(t, x)) in specials.iter().enumerate() {
+        let tensor = &mut data[starts[t]..starts[t] + sizes[t]];
+        for (i, g) in tensor.iter_mut().enumerate() {
+            // Zeros of both signs; the special value, if not a zero, at one
+            // place.
+            *g = if (i + k) % 3 == 0 { -0.0 } else { 0.0 };
+        }
+        if x != 0.0 {
+            tensor[(k * 5) % tensor.len()] = x;
+        } else if k % 12 == 1 {
+            tensor.fill(-0.0);
+        }
+    }
+    for (tensorflow, order) in [
+        (false, Order::L2),
+        (true, Order::L2),
+        (false, Order::Inf),
+        (false, Order::P(3.0)),
+        (true, Order::P(1.5)),
+    ] {
+        let what = format!("{order:?} tf={tensorflow}");
+        let max_norm = 0.5f32;
+        let clip = framework_clip(tensorflow, max_norm)
+            .norm(order.to_norm())
+            .per_tensor(true);
+        let (report, after) = run_clip(&data, &sizes, |set, enc| set.clip_norm(enc, &clip));
+        let report = report.unwrap();
+        let (norms, want) = per_tensor_reference(&data, &sizes, order, max_norm, tensorflow);
+        for &(t, _) in &specials {
+            let (got, norm) = (report.tensor_norms[t], norms[t]);
+            assert!(
+                rel_diff(got as f64, norm) <= 1e-5 && (norm == 0.0) == (got == 0.0),
+                "{what}: tiny tensor {t} ({} elements) norm {got:e} vs {norm:e}",
+                sizes[t]
+            );
+            if norm == 0.0 {
+                assert_eq!(
+                    report.tensor_coefficients[t], 1.0,
+                    "{what}: tensor {t} of zeros"
+                );
+            }
+        }
+        reference::assert_tensor_norms(&report.tensor_norms, &data, &sizes, order, 1e-5, &what);
+        assert_close(&after, &want, 1e-5, &what);
+    }
+    assert_no_wgpu_errors();
+}
+
+#[test]
 fn runs_of_one_element_tensors_match_float64_and_lone_ones_bits() {
     // Runs of one-element tensors, each the longest of its flat chunk (a
     // layout this size has chunks of shaders::MIN_CHUNK_ELEMENTS = 32768
