@@ -1,6 +1,8 @@
 //! gradclip benchmark: times `GradSet::clip_norm` against the adapter's own
-//! copy bandwidth, two roofline kernels (a read-only sum and an in-place
-//! multiply), a per-tensor baseline and a CPU loop, in one run.
+//! copy bandwidth, roofline kernels (a read-only sum and an in-place
+//! multiply; the sum of powers for a general p and the read writing one
+//! record per tensor for tensor norms), a per-tensor baseline and a CPU
+//! loop, in one run.
 //!
 //! `cargo run --release --example bench -- --help`; docs/benchmark.md has the
 //! commands, the JSON schema and the figures measured so far.
@@ -107,11 +109,12 @@ struct Args {
     #[arg(long, value_delimiter = ',')]
     roof_groups: Vec<u32>,
     /// ...and walks. Unset dimensions take the tuning defaults (vec4;
-    /// 2,4,8; 64,256; 64,256,1024; grid,blocked,invocation), or with
+    /// 2,4,8; 16,64,256; 4,64,256,1024; grid,blocked,invocation), or with
     /// --sweep the full grid (vec4,scalar4,scalar1; 1,2,4,8; 64,128,256;
-    /// 16,64,256,1024,4096; grid,blocked,invocation). The fastest read and
-    /// multiply shape of each N (fastest of --tune-reps repetitions) are
-    /// then timed in every case's repetitions.
+    /// 16,64,256,1024,4096; grid,blocked,invocation). The fastest read,
+    /// multiply (and power) shape of each N, and with --tensor-norms the
+    /// fastest records shape of each tensor count (fastest of --tune-reps
+    /// repetitions), are then timed in every case's repetitions.
     #[arg(long, value_delimiter = ',', value_enum)]
     roof_walks: Vec<Walk>,
     /// Repetitions of each candidate shape when choosing the rooflines.
@@ -295,8 +298,9 @@ struct Adapter {
 pub struct RooflineKernel {
     pub shape: Shape,
     pub label: String,
-    /// Bytes read (read) or read + written (multiply): 16 or 32 per vec4,
-    /// over the first 4 (N / 4) elements.
+    /// Bytes read (read, power) or read + written (multiply, records): 16
+    /// or 32 per vec4, over the first 4 (N / 4) elements, plus 16 per
+    /// record for the records kernel.
     pub bytes: u64,
     pub seconds: f64,
     pub gbps: f64,
@@ -324,7 +328,24 @@ pub struct RooflineResult {
     pub multiply: RooflineKernel,
     /// The power kernel (|x|^p summed), where a case has a general p.
     pub power: Option<RooflineKernel>,
-    /// Every candidate, fastest first per kind.
+    /// The records kernel of each tensor count timed with tensor norms
+    /// (--tensor-norms; else empty).
+    pub records: Vec<RecordsRoofline>,
+    /// Every candidate, fastest first per kind (the records kernel's are
+    /// in `records`).
+    pub tried: Vec<Tried>,
+}
+
+/// The records kernel (the read writing one 16-byte record per tensor) of
+/// one (N, tensor count): tuned for that record count, its time the median
+/// over the case's norms and steps.
+#[derive(Serialize, Clone)]
+pub struct RecordsRoofline {
+    /// Tensors of the case, i.e. records written.
+    pub tensors: usize,
+    #[serde(flatten)]
+    pub kernel: RooflineKernel,
+    /// Every candidate shape at this record count, fastest first.
     pub tried: Vec<Tried>,
 }
 
@@ -392,6 +413,19 @@ pub struct CaseResult {
     /// General p only: the time the power roofline needs for 4 N bytes / the
     /// reduce pass's (or reduce+finalize's) time.
     pub reduce_power_fraction: Option<f64>,
+    /// gradclip-tensor-norms only: the records roofline (the read writing
+    /// one 16-byte record per tensor, tuned for this tensor count), measured
+    /// in this case's repetitions: (16 (N / 4) + 16 tensors) bytes / its
+    /// median time, that time, and its shape.
+    pub records_roofline_gbps: Option<f64>,
+    pub records_roofline_seconds: Option<f64>,
+    pub records_roofline_shape: Option<Shape>,
+    /// gradclip-tensor-norms only: the records roofline's time / the read
+    /// roofline's, in the same repetitions.
+    pub records_over_read: Option<f64>,
+    /// gradclip-tensor-norms only: the records roofline's time / this
+    /// step's reduce pass's (or reduce+finalize's) time.
+    pub reduce_records_fraction: Option<f64>,
     pub total_norm: f32,
     pub coefficient: f32,
 }
@@ -517,9 +551,21 @@ fn even_sizes(n: u64, t: usize) -> Vec<usize> {
 #[derive(Clone, Copy)]
 struct RoofRates {
     read_gbps: f64,
+    /// The read roofline's median time.
+    read_seconds: f64,
     multiply_gbps: f64,
     /// The power roofline's, in a general p's cases.
     power_gbps: Option<f64>,
+    /// The records roofline's, in the gradclip-tensor-norms row only.
+    records: Option<RecordsRate>,
+}
+
+/// The records roofline measured in one case's repetitions.
+#[derive(Clone, Copy)]
+struct RecordsRate {
+    seconds: f64,
+    gbps: f64,
+    shape: Shape,
 }
 
 /// One case's identity.
@@ -559,12 +605,12 @@ impl Case {
         let power_time = roofline
             .and_then(|r| r.power_gbps)
             .map(|g| 4.0 * n / (g * 1e9));
-        let reduce_power_fraction = power_time.and_then(|limit| {
-            ["reduce", "reduce+finalize"]
-                .iter()
-                .find_map(|k| passes.get(*k))
-                .map(|&t| limit / t)
-        });
+        let reduce_time = ["reduce", "reduce+finalize"]
+            .iter()
+            .find_map(|k| passes.get(*k).copied());
+        let reduce_power_fraction = power_time.and_then(|limit| Some(limit / reduce_time?));
+        let records = roofline.and_then(|r| r.records);
+        let reduce_records_fraction = records.and_then(|r| Some(r.seconds / reduce_time?));
         let mut pass_roofline_fractions = BTreeMap::new();
         if let (Some(read), Some(multiply)) = (read_time, multiply_time) {
             for (name, &t) in &passes {
@@ -604,6 +650,11 @@ impl Case {
             pass_roofline_fractions,
             power_roofline_gbps: roofline.and_then(|r| r.power_gbps),
             reduce_power_fraction,
+            records_roofline_gbps: records.map(|r| r.gbps),
+            records_roofline_seconds: records.map(|r| r.seconds),
+            records_roofline_shape: records.map(|r| r.shape),
+            records_over_read: roofline.and_then(|rf| Some(rf.records?.seconds / rf.read_seconds)),
+            reduce_records_fraction,
             total_norm,
             coefficient,
         }
@@ -832,10 +883,16 @@ fn candidates(args: &Args, rooflines: &Rooflines, wide: bool) -> Res<Vec<Shape>>
         vec![Load::Vec4]
     };
     let accs = or(&args.roof_acc, &[2, 4, 8], &[1, 2, 4, 8]);
-    let wgs = or(&args.roof_wg, &[64, 256], &[64, 128, 256]);
+    // Small and few workgroups for the CPU adapters: at 2e5 elements the
+    // read and records kernels took 1.5-10x less time with 16 to 256
+    // invocations in all than with the fastest of 64 x 64 and more
+    // (SwiftShader, whose read paid about 1.5 ms a dispatch at 64 x 64
+    // for the workgroup sum's barriers, as much with one barrier as with
+    // all seven, most), and GPUs tune past these anyway.
+    let wgs = or(&args.roof_wg, &[16, 64, 256], &[64, 128, 256]);
     let groups = or(
         &args.roof_groups,
-        &[64, 256, 1024],
+        &[4, 64, 256, 1024],
         &[16, 64, 256, 1024, 4096],
     );
     let walks = if args.roof_walks.is_empty() {
@@ -1011,6 +1068,20 @@ fn main() -> Res<()> {
         Some(r) => candidates(&args, r, false)?,
         None => Vec::new(),
     };
+    // The records kernel only where the tensor-norms step is timed, and
+    // only with vec4 loads: the read's candidates, tuned per tensor count.
+    let record_shapes: Vec<Shape> = if args.tensor_norms {
+        shapes
+            .iter()
+            .copied()
+            .filter(|s| Rooflines::has(Kind::Records, s))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    if args.tensor_norms && !shapes.is_empty() && record_shapes.is_empty() {
+        return Err("no roofline shape with vec4 loads for the records kernel".into());
+    }
     // (N, tensor counts) of every case, the one-element case merged in.
     let mut groups: Vec<(u64, Vec<usize>)> =
         sizes.iter().map(|&n| (n, args.tensors.clone())).collect();
@@ -1082,7 +1153,16 @@ fn main() -> Res<()> {
         // the fastest read and multiply shape kept.
         let roof = match &rooflines {
             Some(r) if Rooflines::fits(&bench.device, n) => {
-                let set = r.bind(&b.grads, n);
+                // Room for the most records a case of this N writes (none
+                // without --tensor-norms).
+                let records_capacity = tensor_counts
+                    .iter()
+                    .map(|&t| t as u64)
+                    .filter(|&t| t <= n && Rooflines::fits_records(&bench.device, t))
+                    .max()
+                    .filter(|_| !record_shapes.is_empty())
+                    .unwrap_or(0);
+                let set = r.bind(&b.grads, n, records_capacity as u32);
                 // The power kernel only where a case has a general p (the
                 // bench has one, 1.5), and only with vec4 loads.
                 let general_p = args.norms.iter().find_map(|norm| norm.general_p());
@@ -1104,7 +1184,7 @@ fn main() -> Res<()> {
                 r.prepare(Kind::Multiply, &shapes, true)?;
                 r.prepare(Kind::Power, &power_shapes, true)?;
                 with_ones(&bench, &b, || {
-                    r.validate(&set, &shapes, &shapes, &power_shapes, true)
+                    r.validate(&set, &shapes, &shapes, &power_shapes, &[], true)
                 })?;
                 let reads = tune(&bench, r, &set, Kind::Read, &shapes, args.tune_reps)?;
                 let muls = tune(&bench, r, &set, Kind::Multiply, &shapes, args.tune_reps)?;
@@ -1148,6 +1228,7 @@ fn main() -> Res<()> {
         let (mut copy_medians, mut host_medians) = (Vec::new(), Vec::new());
         let (mut read_medians, mut mul_medians) = (Vec::new(), Vec::new());
         let mut power_medians = Vec::new();
+        let mut records_results = Vec::new();
 
         for &t in tensor_counts {
             if t == 0 || t as u64 > n {
@@ -1181,6 +1262,39 @@ fn main() -> Res<()> {
             } else {
                 std::borrow::Cow::Borrowed(&host[..])
             };
+            // The records kernel of this tensor count: checked on ones and
+            // tuned with the count set, before the case's repetitions.
+            let records_tried = match (&rooflines, &roof) {
+                (Some(r), Some((set, ..))) if !record_shapes.is_empty() => {
+                    if t as u64 <= set.records_capacity as u64 {
+                        r.set_records(set, t as u32)?;
+                        r.prepare(Kind::Records, &record_shapes, true)?;
+                        with_ones(&bench, &b, || {
+                            r.validate(set, &[], &[], &[], &record_shapes, true)
+                        })?;
+                        let tried = tune(
+                            &bench,
+                            r,
+                            set,
+                            Kind::Records,
+                            &record_shapes,
+                            args.tune_reps,
+                        )?;
+                        eprintln!(
+                            "N = {n}, {t} tensors: records roofline {} ({:.1} GB/s fastest, {:.1} median)",
+                            tried[0].label, tried[0].min_gbps, tried[0].gbps
+                        );
+                        Some(tried)
+                    } else {
+                        eprintln!(
+                            "N = {n}, {t} tensors: no records roofline (the records are larger than one binding)"
+                        );
+                        None
+                    }
+                }
+                _ => None,
+            };
+            let mut records_medians = Vec::new();
             for &norm in &args.norms {
                 let total = reference(norm, &host);
                 let tol = tolerance(norm);
@@ -1217,6 +1331,9 @@ fn main() -> Res<()> {
                                 power: norm
                                     .general_p()
                                     .and_then(|p| Some((powers.first()?.shape, p as f32))),
+                                records: records_tried
+                                    .as_ref()
+                                    .map(|tried| (tried[0].shape, t as u32)),
                             }),
                         naive: naive_set
                             .as_ref()
@@ -1241,19 +1358,35 @@ fn main() -> Res<()> {
                         let power =
                             (!m.power_roofline.is_empty()).then(|| median(&mut m.power_roofline));
                         power_medians.extend(power);
+                        let records = records_tried
+                            .as_ref()
+                            .filter(|_| !m.records_roofline.is_empty())
+                            .map(|tried| {
+                                let seconds = median(&mut m.records_roofline);
+                                records_medians.push(seconds);
+                                RecordsRate {
+                                    seconds,
+                                    gbps: set.bytes(Kind::Records) as f64 / seconds * 1e-9,
+                                    shape: tried[0].shape,
+                                }
+                            });
                         RoofRates {
                             read_gbps: set.bytes(Kind::Read) as f64 / read * 1e-9,
+                            read_seconds: read,
                             multiply_gbps: set.bytes(Kind::Multiply) as f64 / multiply * 1e-9,
                             power_gbps: power.map(|t| set.bytes(Kind::Power) as f64 / t * 1e-9),
+                            records,
                         }
                     });
+                    // The records roofline goes with the tensor-norms row only.
+                    let plain_rates = rates.map(|r| RoofRates { records: None, ..r });
                     case.check("gradclip", total, m.gradclip.1, tol)?;
                     results.push(case.result(
                         "gradclip",
                         bench.gpu_basis,
                         m.gradclip,
                         device_copy,
-                        rates,
+                        plain_rates,
                     ));
                     if let Some((samples, out, tensor_norms)) = m.tensor_norms {
                         case.check("gradclip-tensor-norms", total, out, tol)?;
@@ -1273,7 +1406,7 @@ fn main() -> Res<()> {
                             bench.gpu_basis,
                             out,
                             device_copy,
-                            rates,
+                            plain_rates,
                         ));
                     }
                     if let Some(out) = m.cpu {
@@ -1284,6 +1417,23 @@ fn main() -> Res<()> {
                         results.push(case.result("cpu", false, out, host_copy, None));
                     }
                     eprint!(".");
+                }
+            }
+            if let (Some(tried), Some((set, ..))) = (records_tried, &roof) {
+                if !records_medians.is_empty() {
+                    let seconds = median(&mut records_medians);
+                    let bytes = set.bytes(Kind::Records);
+                    records_results.push(RecordsRoofline {
+                        tensors: t,
+                        kernel: RooflineKernel {
+                            shape: tried[0].shape,
+                            label: tried[0].label.clone(),
+                            bytes,
+                            seconds,
+                            gbps: bytes as f64 / seconds * 1e-9,
+                        },
+                        tried,
+                    });
                 }
             }
         }
@@ -1320,16 +1470,24 @@ fn main() -> Res<()> {
                     }
                     _ => None,
                 },
+                records: records_results,
                 tried: reads.into_iter().chain(muls).chain(powers).collect(),
             };
             roofline_note = format!(
-                ", read roofline {:.1} GB/s, multiply roofline {:.1} GB/s{}",
+                ", read roofline {:.1} GB/s, multiply roofline {:.1} GB/s{}{}",
                 r.read.gbps,
                 r.multiply.gbps,
                 r.power.as_ref().map_or(String::new(), |p| format!(
                     ", power roofline {:.1} GB/s",
                     p.gbps
-                ))
+                )),
+                r.records
+                    .iter()
+                    .map(|k| format!(
+                        ", records roofline {:.1} GB/s ({} records)",
+                        k.kernel.gbps, k.tensors
+                    ))
+                    .collect::<String>()
             );
             roofline_results.push(r);
         }

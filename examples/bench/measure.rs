@@ -19,14 +19,18 @@ const ROOFLINE_STAMPS: u32 = 4;
 /// Begin and end of the power roofline's pass: a region of its own, read
 /// back only in the general p cases that write it.
 const POWER_STAMPS: u32 = 2;
+/// Begin and end of the records roofline's pass: a region of its own, read
+/// back only in the cases that time it (those with tensor norms).
+const RECORDS_STAMPS: u32 = 2;
 const GRADCLIP_REGION: u32 = 0;
 const TENSOR_NORMS_REGION: u32 = GRADCLIP_REGION + GRADCLIP_STAMPS;
 const NAIVE_REGION: u32 = TENSOR_NORMS_REGION + GRADCLIP_STAMPS;
 const COPY_REGION: u32 = NAIVE_REGION + NAIVE_STAMPS;
 const ROOFLINE_REGION: u32 = COPY_REGION + COPY_STAMPS;
 const POWER_REGION: u32 = ROOFLINE_REGION + ROOFLINE_STAMPS;
+const RECORDS_REGION: u32 = POWER_REGION + POWER_STAMPS;
 /// Queries one repetition of a case can write.
-pub const STAMPS_PER_REP: u32 = POWER_REGION + POWER_STAMPS;
+pub const STAMPS_PER_REP: u32 = RECORDS_REGION + RECORDS_STAMPS;
 
 /// The device and what every measurement shares.
 pub struct Bench {
@@ -106,6 +110,9 @@ pub struct RooflineCase<'a> {
     pub multiply: Shape,
     /// The power kernel's shape and the case's p, in a general p's case.
     pub power: Option<(Shape, f32)>,
+    /// The records kernel's shape and record count (the case's tensors),
+    /// where the case times gradclip with tensor norms.
+    pub records: Option<(Shape, u32)>,
 }
 
 /// One case: the same clip by every implementation that runs it.
@@ -132,6 +139,8 @@ pub struct CaseSamples {
     pub multiply_roofline: Vec<f64>,
     /// Power roofline times (general p cases; else empty).
     pub power_roofline: Vec<f64>,
+    /// Records roofline times (cases with tensor norms; else empty).
+    pub records_roofline: Vec<f64>,
     pub naive: Option<(Samples, (f32, f32))>,
     pub cpu: Option<(Samples, (f32, f32))>,
     /// Device copy of the whole buffer, on the run's basis.
@@ -216,6 +225,12 @@ impl Bench {
             Kind::Read => &r.read,
             Kind::Multiply => &r.multiply,
             Kind::Power => &r.power.as_ref().ok_or("no power roofline in this case")?.0,
+            Kind::Records => {
+                &r.records
+                    .as_ref()
+                    .ok_or("no records roofline in this case")?
+                    .0
+            }
         };
         let mut enc = self.encoder("bench roofline");
         let t0 = Instant::now();
@@ -261,6 +276,10 @@ impl Bench {
                 r.rooflines.prepare(Kind::Power, &[shape], true)?;
                 r.rooflines.set_power(r.set, p);
             }
+            if let Some((shape, count)) = r.records {
+                r.rooflines.prepare(Kind::Records, &[shape], true)?;
+                r.rooflines.set_records(r.set, count)?;
+            }
         }
         let queries = self.queries.as_ref().filter(|_| self.timestamps);
         let mut g = Samples::new(self.reps);
@@ -271,6 +290,7 @@ impl Bench {
         let mut host_copy = Vec::with_capacity(self.reps);
         let (mut read_wall, mut mul_wall) = (Vec::new(), Vec::new());
         let mut power_wall = Vec::new();
+        let mut records_wall = Vec::with_capacity(self.reps);
         let mut cpu_out = (0.0, 0.0);
         let (mut report, mut report_tn) = (None, None);
 
@@ -337,10 +357,19 @@ impl Bench {
                     )?),
                     None => None,
                 };
+                let records = match rf.records {
+                    Some(_) => Some(self.roofline_pass(
+                        rf,
+                        Kind::Records,
+                        self.slot(RECORDS_REGION, RECORDS_STAMPS, r),
+                    )?),
+                    None => None,
+                };
                 if keep {
                     read_wall.push(read);
                     mul_wall.push(mul);
                     power_wall.extend(power);
+                    records_wall.extend(records);
                 }
             }
 
@@ -391,6 +420,7 @@ impl Bench {
         }
         let (mut read_roofline, mut multiply_roofline) = (read_wall, mul_wall);
         let mut power_roofline = power_wall;
+        let mut records_roofline = records_wall;
         if self.gpu_basis && c.roofline.is_some() {
             let stamps = self.region(ROOFLINE_REGION, ROOFLINE_STAMPS)?;
             read_roofline = stamps
@@ -404,6 +434,13 @@ impl Bench {
             if c.roofline.as_ref().is_some_and(|r| r.power.is_some()) {
                 power_roofline = self
                     .region(POWER_REGION, POWER_STAMPS)?
+                    .chunks_exact(2)
+                    .map(|p| (p[1] - p[0]) * 1e-9)
+                    .collect();
+            }
+            if c.roofline.as_ref().is_some_and(|r| r.records.is_some()) {
+                records_roofline = self
+                    .region(RECORDS_REGION, RECORDS_STAMPS)?
                     .chunks_exact(2)
                     .map(|p| (p[1] - p[0]) * 1e-9)
                     .collect();
@@ -441,6 +478,7 @@ impl Bench {
             read_roofline,
             multiply_roofline,
             power_roofline,
+            records_roofline,
             naive,
             cpu: cp.map(|s| (s, cpu_out)),
             copy,

@@ -35,6 +35,14 @@ fn pass(r: &CaseResult, name: &str) -> String {
     r.passes.get(name).map_or("–".into(), |&s| us(s))
 }
 
+/// A row's reduce time: the reduce pass, or reduce+finalize where the
+/// device has no timestamps inside passes.
+fn reduce_seconds(r: &CaseResult) -> Option<f64> {
+    ["reduce", "reduce+finalize"]
+        .iter()
+        .find_map(|n| r.passes.get(*n).copied())
+}
+
 fn percent(v: Option<f64>) -> String {
     v.map_or("–".into(), |v| format!("{}%", sig(100.0 * v)))
 }
@@ -139,6 +147,33 @@ pub fn markdown(run: &Run) -> String {
                     .count()
             );
         }
+        if run.rooflines.iter().any(|r| !r.records.is_empty()) {
+            let _ = writeln!(
+                o,
+                "\nRecords (cases with tensor norms): the read writing one 16-byte record per tensor, tuned per tensor count over the read's vec4 candidates, the floor of a reduce with per-tensor results; bytes = 16 (N / 4) read + 16 per record written, GB/s and µs the median over the case's norms and steps; records / read: its time over the read roofline's (each the median over its cases).\n"
+            );
+            let _ = writeln!(
+                o,
+                "| N | tensors (records) | records GB/s | records µs | read µs | records / read | records shape | candidates |"
+            );
+            let _ = writeln!(o, "|---:|---:|---:|---:|---:|---:|---|---:|");
+            for r in &run.rooflines {
+                for k in &r.records {
+                    let _ = writeln!(
+                        o,
+                        "| {} | {} | {:.1} | {} | {} | {} | {} | {} |",
+                        r.n,
+                        k.tensors,
+                        k.kernel.gbps,
+                        us(k.kernel.seconds),
+                        us(r.read.seconds),
+                        sig(k.kernel.seconds / r.read.seconds),
+                        k.kernel.label,
+                        k.tried.len()
+                    );
+                }
+            }
+        }
     }
     let _ = writeln!(
         o,
@@ -223,15 +258,15 @@ pub fn markdown(run: &Run) -> String {
     };
     let _ = writeln!(
         o,
-        "\n### gradclip against its limits and baselines (same run)\n\n% roof: the step against the rooflines (read for a no-clip step, read + multiply for a clip step); reduce % read and scale % multiply: those passes against the rooflines (reduce+finalize where the device has no timestamps inside passes); tensor norms / plain: the same clip with `tensor_norms(true)` / without; / L2: this norm's time / the L2 time of the same case; general p only, reduce % power: the reduce against the power roofline (|x|^p summed), and power / read: that roofline's time / the read roofline's, the least a general p's reduce can take over the read (against / L2). Baseline ratios: their time / gradclip's (above 1: gradclip is faster).\n"
+        "\n### gradclip against its limits and baselines (same run)\n\n% roof: the step against the rooflines (read for a no-clip step, read + multiply for a clip step); reduce % read and scale % multiply: those passes against the rooflines (reduce+finalize where the device has no timestamps inside passes); tensor norms / plain: the same clip with `tensor_norms(true)` / without; / L2: this norm's time / the L2 time of the same case; general p only, reduce % power: the reduce against the power roofline (|x|^p summed), and power / read: that roofline's time / the read roofline's, the least a general p's reduce can take over the read (against / L2); with tensor norms, records / read: the records roofline's time (the read writing one 16-byte record per tensor) / the read roofline's, floor / plain: (the plain step's time − its reduce + the records roofline's time) / the plain step's time, the least a step with tensor norms could take over the plain one if only its reduce changed and ran at the records roofline (against tensor norms / plain), and reduce % records: the records roofline's time / the tensor-norms step's reduce. Baseline ratios: their time / gradclip's (above 1: gradclip is faster).\n"
     );
     let _ = writeln!(
         o,
-        "| N | tensors | norm | step | % copy | % roof | reduce % read | scale % multiply | tensor norms / plain | / L2 | reduce % power | power / read | naive / gradclip | naive record / gradclip record | cpu / gradclip (wall) |"
+        "| N | tensors | norm | step | % copy | % roof | reduce % read | scale % multiply | tensor norms / plain | records / read | tensor norms floor / plain | reduce % records | / L2 | reduce % power | power / read | naive / gradclip | naive record / gradclip record | cpu / gradclip (wall) |"
     );
     let _ = writeln!(
         o,
-        "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for g in run
         .results
@@ -241,9 +276,13 @@ pub fn markdown(run: &Run) -> String {
         let naive = find("naive", g);
         let cpu = find("cpu", g);
         let tn = find("gradclip-tensor-norms", g);
+        // The plain step with its reduce at the records roofline.
+        let floor = tn.and_then(|t| {
+            Some((g.seconds - reduce_seconds(g)? + t.records_roofline_seconds?) / g.seconds)
+        });
         let _ = writeln!(
             o,
-            "| {} | {} | {} | {} | {}% | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {}% | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             g.n,
             g.tensors,
             g.norm,
@@ -253,6 +292,9 @@ pub fn markdown(run: &Run) -> String {
             percent(pass_fraction(g, &["reduce", "reduce+finalize"])),
             percent(pass_fraction(g, &["scale"])),
             tn.map_or("–".into(), |r| sig(r.seconds / g.seconds)),
+            tn.and_then(|r| r.records_over_read).map_or("–".into(), sig),
+            floor.map_or("–".into(), sig),
+            percent(tn.and_then(|r| r.reduce_records_fraction)),
             l2(g).map_or("–".into(), |r| sig(g.seconds / r.seconds)),
             percent(g.reduce_power_fraction),
             match (g.read_roofline_gbps, g.power_roofline_gbps) {

@@ -1,9 +1,12 @@
 //! The rooflines (`roofline.wgsl`, `roofline_scalar.wgsl`): a read-only sum
 //! and an in-place multiply, the simplest kernels that move a clip's bytes,
-//! and a sum of powers, the simplest reduce a general p can have.
+//! a sum of powers, the simplest reduce a general p can have, and the read
+//! writing one 16-byte record per tensor, the simplest reduce with
+//! per-tensor results.
 //! Their loop shape (load width, accumulators, workgroup size and count,
 //! walk) is a [`Shape`]; the bench times several and keeps the fastest.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -93,6 +96,9 @@ pub enum Kind {
     /// Sums |x|^p over the buffer (vec4 loads only): the read's 16 bytes
     /// per vec4, with a pow per element.
     Power,
+    /// Sums the buffer and writes one 16-byte record per tensor (vec4 loads
+    /// only): the read's 16 bytes per vec4, plus 16 written per record.
+    Records,
 }
 
 impl Kind {
@@ -101,6 +107,7 @@ impl Kind {
             Kind::Read => "read",
             Kind::Multiply => "multiply",
             Kind::Power => "power",
+            Kind::Records => "records",
         }
     }
 }
@@ -109,7 +116,8 @@ impl Kind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 pub struct Shape {
     pub load: Load,
-    /// Independent accumulators (read) or loads in flight (multiply) per invocation.
+    /// Independent accumulators (read) or loads in flight (multiply) per
+    /// invocation; the records kernel's record stores per iteration too.
     pub acc: u32,
     pub workgroup_size: u32,
     /// Workgroups dispatched (the walk covers the buffer whatever their count).
@@ -131,9 +139,10 @@ impl Shape {
     }
 
     fn entry_point(&self, kind: Kind) -> String {
-        // The power roofline is the read kernel with its POW override set.
+        // The power and records rooflines are the read kernel with its POW
+        // or RECORDS override set.
         let prefix = match kind {
-            Kind::Read | Kind::Power => "read",
+            Kind::Read | Kind::Power | Kind::Records => "read",
             Kind::Multiply => "mul",
         };
         format!("{prefix}_{}", self.load.name())
@@ -158,6 +167,9 @@ struct Params {
     len1: u32,
     factor: f32,
     p: f32,
+    records: u32,
+    /// A uniform's size is a multiple of 16 bytes.
+    pad: [u32; 3],
 }
 
 /// The shader modules and layouts, made once per device; pipelines are
@@ -185,17 +197,30 @@ pub struct RooflineSet {
     params: wgpu::Buffer,
     partials: wgpu::Buffer,
     readback: wgpu::Buffer,
+    /// What the records kernel writes (every read pipeline binds it).
+    records_buffer: wgpu::Buffer,
+    /// Records the buffer holds.
+    pub records_capacity: u32,
+    /// Records the records kernel writes now ([`Rooflines::set_records`]).
+    records: Cell<u32>,
     /// vec4 elements covered; the last `n % 4` elements are not.
     pub len4: u64,
 }
 
 impl RooflineSet {
-    /// Bytes one run of `kind` moves.
+    /// Bytes one run of `kind` moves (the records kernel's at the record
+    /// count set last).
     pub fn bytes(&self, kind: Kind) -> u64 {
         match kind {
             Kind::Read | Kind::Power => 16 * self.len4,
             Kind::Multiply => 32 * self.len4,
+            Kind::Records => 16 * self.len4 + 16 * self.records.get() as u64,
         }
+    }
+
+    /// Records the records kernel writes now.
+    pub fn records(&self) -> u32 {
+        self.records.get()
     }
 }
 
@@ -240,10 +265,16 @@ impl Rooflines {
         checked(device, "roofline shaders", || {
             // The read kernels bind the buffer read-only, the multiply
             // kernels read-write: one layout each, since a bind group may
-            // not hold the same buffer both ways.
+            // not hold the same buffer both ways. Every read has the
+            // records' binding: vec4's declares it, RECORDS or not.
             let read_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
                 label: Some("roofline read layout"),
-                entries: &[storage(0, true), storage(2, false), uniform(3)],
+                entries: &[
+                    storage(0, true),
+                    storage(2, false),
+                    uniform(3),
+                    storage(4, false),
+                ],
             });
             let mul_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
                 label: Some("roofline multiply layout"),
@@ -266,8 +297,10 @@ impl Rooflines {
                 } else {
                     // SAFETY: every index the kernels form is below the
                     // length they are given, which the bound buffer holds
-                    // (RooflineSet binds 16 len4 bytes), and every loop
-                    // ends; validated against a float64 sum before timing.
+                    // (RooflineSet binds 16 len4 bytes, and set_records
+                    // keeps the record count within the records buffer),
+                    // and every loop ends; validated against a float64 sum
+                    // (and every record read back) before timing.
                     unsafe {
                         device.create_shader_module_trusted(
                             desc,
@@ -300,10 +333,10 @@ impl Rooflines {
         })
     }
 
-    /// Whether `kind` has a kernel with `shape`'s loads (the power kernel
-    /// loads vec4 only).
+    /// Whether `kind` has a kernel with `shape`'s loads (the power and
+    /// records kernels load vec4 only).
     pub fn has(kind: Kind, shape: &Shape) -> bool {
-        kind != Kind::Power || shape.load == Load::Vec4
+        !matches!(kind, Kind::Power | Kind::Records) || shape.load == Load::Vec4
     }
 
     /// Whether `shape` can run on this device.
@@ -322,6 +355,13 @@ impl Rooflines {
     /// Whether a buffer of `n` f32 elements can be bound whole.
     pub fn fits(device: &wgpu::Device, n: u64) -> bool {
         n >= 4 && n * 4 <= device.limits().max_storage_buffer_binding_size && n <= u32::MAX as u64
+    }
+
+    /// Whether a records buffer of `records` 16-byte records can be bound whole.
+    pub fn fits_records(device: &wgpu::Device, records: u64) -> bool {
+        let l = device.limits();
+        records * 16 <= l.max_storage_buffer_binding_size.min(l.max_buffer_size)
+            && records < u32::MAX as u64
     }
 
     fn pipeline(
@@ -356,7 +396,7 @@ impl Rooflines {
             .into());
         }
         let layout = match kind {
-            Kind::Read | Kind::Power => &self.read_pipeline_layout,
+            Kind::Read | Kind::Power | Kind::Records => &self.read_pipeline_layout,
             Kind::Multiply => &self.mul_pipeline_layout,
         };
         let label = format!("roofline {} {}", kind.name(), shape.label());
@@ -367,9 +407,12 @@ impl Rooflines {
             shape.walk.constants()[0],
             shape.walk.constants()[1],
         ];
-        // Only the vec4 module declares POW, and only its read uses it.
-        if kind == Kind::Power {
-            constants.push(("POW", 1.0));
+        // Only the vec4 module declares POW and RECORDS, and only its read
+        // uses them.
+        match kind {
+            Kind::Power => constants.push(("POW", 1.0)),
+            Kind::Records => constants.push(("RECORDS", 1.0)),
+            Kind::Read | Kind::Multiply => {}
         }
         let pipeline = checked(&self.device, &label, || {
             self.device
@@ -397,10 +440,21 @@ impl Rooflines {
         Ok(())
     }
 
-    /// Binds the first `4 (n / 4)` floats of `grads` (at least `4 n` bytes).
-    pub fn bind(&self, grads: &wgpu::Buffer, n: u64) -> RooflineSet {
+    /// Binds the first `4 (n / 4)` floats of `grads` (at least `4 n` bytes),
+    /// with a records buffer of `records_capacity` records (at least one:
+    /// the read pipelines bind it whether they write it or not).
+    pub fn bind(&self, grads: &wgpu::Buffer, n: u64, records_capacity: u32) -> RooflineSet {
         let device = &self.device;
         let len4 = n / 4;
+        let records_capacity = records_capacity.max(1);
+        let records_buffer = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("roofline records"),
+            size: 16 * records_capacity as u64,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
         let params = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("roofline params"),
             size: size_of::<Params>() as u64,
@@ -442,6 +496,10 @@ impl Rooflines {
                     binding: 3,
                     resource: params.as_entire_binding(),
                 },
+                wgpu::BindGroupEntry {
+                    binding: 4,
+                    resource: records_buffer.as_entire_binding(),
+                },
             ],
         });
         let mul = device.create_bind_group(&wgpu::BindGroupDescriptor {
@@ -464,6 +522,9 @@ impl Rooflines {
             params,
             partials,
             readback,
+            records_buffer,
+            records_capacity,
+            records: Cell::new(0),
             len4,
         };
         let params = Params {
@@ -471,6 +532,8 @@ impl Rooflines {
             len1: 4 * len4 as u32,
             factor: 1.0,
             p: 1.0,
+            records: 0,
+            pad: [0; 3],
         };
         self.queue
             .write_buffer(&set.params, 0, bytemuck::bytes_of(&params));
@@ -496,6 +559,25 @@ impl Rooflines {
         );
     }
 
+    /// The records kernel's record count, at most the set's capacity (a
+    /// queue write: outside timed loops).
+    pub fn set_records(&self, set: &RooflineSet, records: u32) -> Res<()> {
+        if records > set.records_capacity {
+            return Err(format!(
+                "{records} roofline records where the buffer holds {}",
+                set.records_capacity
+            )
+            .into());
+        }
+        set.records.set(records);
+        self.queue.write_buffer(
+            &set.params,
+            std::mem::offset_of!(Params, records) as u64,
+            bytemuck::bytes_of(&records),
+        );
+        Ok(())
+    }
+
     /// Records one run of `kind` with `shape` into `pass`. The pipeline must
     /// have been made by [`prepare`](Self::prepare) or an earlier record.
     pub fn record(
@@ -511,7 +593,7 @@ impl Rooflines {
         pass.set_bind_group(
             0,
             match kind {
-                Kind::Read | Kind::Power => &set.read,
+                Kind::Read | Kind::Power | Kind::Records => &set.read,
                 Kind::Multiply => &set.mul,
             },
             &[],
@@ -545,7 +627,7 @@ impl Rooflines {
         Ok(())
     }
 
-    /// The float64 sum of the partials a read (or power) with `shape` wrote.
+    /// The float64 sum of the partials a read (power, records) with `shape` wrote.
     fn sum_of(
         &self,
         set: &RooflineSet,
@@ -574,14 +656,17 @@ impl Rooflines {
     /// sum to the element count, each multiply shape must double every
     /// element (read back by the first read shape) and halve it again, and
     /// each power shape must sum to the element count too (1^p is 1, to
-    /// within pow's rounding). A shape that skips or repeats elements fails
-    /// here, before any timing.
+    /// within pow's rounding), and each records shape must sum to it and
+    /// write every one of the set's current record count (read back from a
+    /// buffer filled with NaN words first), none past it. A shape that skips
+    /// or repeats elements, or skips records, fails here, before any timing.
     pub fn validate(
         &self,
         set: &RooflineSet,
         reads: &[Shape],
         muls: &[Shape],
         powers: &[Shape],
+        records: &[Shape],
         checked_module: bool,
     ) -> Res<()> {
         let elements = 4.0 * set.len4 as f64;
@@ -620,6 +705,11 @@ impl Rooflines {
             let sum = self.sum_of(set, Kind::Power, s, checked_module)?;
             check("power", s, sum, elements, 1e-5 * elements)?;
         }
+        if !records.is_empty() {
+            self.validate_records(set, records, checked_module, |s, sum| {
+                check("records", s, sum, elements, tolerance(s, elements))
+            })?;
+        }
         for s in muls {
             self.set_factor(set, 2.0);
             self.run_once(set, Kind::Multiply, s, checked_module)?;
@@ -643,6 +733,60 @@ impl Rooflines {
             )?;
         }
         self.set_factor(set, 1.0);
+        Ok(())
+    }
+
+    /// The records half of [`validate`](Self::validate): per shape, fills
+    /// the records buffer with 0xffffffff words (a NaN in x, no record's
+    /// index in y), runs the records kernel, checks its sum with
+    /// `check_sum`, and reads every record back: records below the count
+    /// must be (bits of a finite sum, r, 0, 0), those past it untouched.
+    fn validate_records(
+        &self,
+        set: &RooflineSet,
+        shapes: &[Shape],
+        checked_module: bool,
+        check_sum: impl Fn(&Shape, f64) -> Result<(), String>,
+    ) -> Res<()> {
+        let count = set.records();
+        let bytes = 16 * set.records_capacity as u64;
+        let unwritten = vec![u32::MAX; 4 * set.records_capacity as usize];
+        let readback = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("roofline records readback"),
+            size: bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        for s in shapes {
+            self.queue
+                .write_buffer(&set.records_buffer, 0, bytemuck::cast_slice(&unwritten));
+            let sum = self.sum_of(set, Kind::Records, s, checked_module)?;
+            check_sum(s, sum)?;
+            let mut enc = self
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("roofline records readback"),
+                });
+            enc.copy_buffer_to_buffer(&set.records_buffer, 0, &readback, 0, bytes);
+            self.queue.submit([enc.finish()]);
+            let data = crate::read_mapped(&self.device, &readback)?;
+            let words: &[u32] = bytemuck::cast_slice(&data);
+            for (r, w) in words.chunks_exact(4).enumerate() {
+                let ok = if r < count as usize {
+                    let x = f32::from_bits(w[0]);
+                    x.is_finite() && x >= 0.0 && w[1] == r as u32 && w[2] == 0 && w[3] == 0
+                } else {
+                    w.iter().all(|&v| v == u32::MAX)
+                };
+                if !ok {
+                    return Err(format!(
+                        "roofline records {} wrong: record {r} of {count} is {w:08x?}",
+                        s.label()
+                    )
+                    .into());
+                }
+            }
+        }
         Ok(())
     }
 }

@@ -9,10 +9,15 @@
 // kernels with scalar loads, to show what the load width is worth. The
 // read with POW set is the power roofline, the floor of a general p's
 // reduce: what the same read costs once every element is raised to p.
+// The read with RECORDS set is the records roofline, the floor of a
+// reduce with per-tensor results: gradclip writes one 16-byte record per
+// tensor, which with one-element tensors is four times the bytes it reads,
+// so the read alone is no floor for such a step.
 
 // Invocations per workgroup; the final tree reduction halves it, so a power of two.
 override WG: u32 = 256u;
-// Independent accumulators per invocation, i.e. loads in flight: 1, 2, 4 or 8.
+// Independent accumulators per invocation, i.e. loads in flight: 1, 2, 4 or 8
+// (and the stores per iteration of the records kernel's record loop).
 override ACC: u32 = 4u;
 // How invocations share the buffer. 0: grid stride over the whole buffer
 // (neighbouring invocations read neighbouring elements, as GPUs want);
@@ -30,18 +35,36 @@ override TEAM: u32 = 8u;
 // every driver here folds it (the read's throughput is the same as with
 // no branch at all, measured in the commit that made this one kernel).
 override POW: bool = false;
+// read_vec4 also writes records[0 .. params.records), one vec4<u32> each,
+// after its read: the records roofline. Its share of the records is walk()
+// over the record count, so the records go out in the same pattern the
+// tuned shape reads in (contiguous per invocation or strided). Each record
+// holds the invocation's sum, as gradclip's hold what its reduce found:
+// no store can leave before the loads it depends on, nor can a driver
+// drop them. An override for the same reason as POW: the read and the
+// records kernel cannot drift apart.
+override RECORDS: bool = false;
 
 struct Params {
-    len4: u32,   // vec4 elements the kernels cover
-    len1: u32,   // the same as f32 elements (4 len4), for the scalar kernels
-    factor: f32, // the multiply kernel's constant
-    p: f32,      // the exponent of the read's terms where POW is set
+    len4: u32,    // vec4 elements the kernels cover
+    len1: u32,    // the same as f32 elements (4 len4), for the scalar kernels
+    factor: f32,  // the multiply kernel's constant
+    p: f32,       // the exponent of the read's terms where POW is set
+    records: u32, // records the read writes where RECORDS is set
+    // A uniform's size is a multiple of 16 bytes; the host's Params matches.
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
 }
 
 @group(0) @binding(0) var<storage, read> src: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read_write> dst: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> partials: array<f32>;
 @group(0) @binding(3) var<uniform> params: Params;
+// Written only under RECORDS, but a store guarded by an override is still a
+// use of the binding: every read pipeline's layout has it, and the host
+// binds the same buffer whether or not the pipeline writes it.
+@group(0) @binding(4) var<storage, read_write> records: array<vec4<u32>>;
 
 var<workgroup> wg_sum: array<f32, WG>;
 
@@ -99,10 +122,19 @@ fn term(x: vec4<f32>) -> vec4<f32> {
     return x;
 }
 
+// Record r of the records roofline: it depends on the sum its invocation
+// read (bits), as a tensor's record depends on the tensor's elements.
+fn put_record(r: u32, bits: u32) {
+    records[r] = vec4(bits, r, 0u, 0u);
+}
+
 // read_vec4 — reads: src[0 .. params.len4). Writes: partials[wg] = the sum
-// of term() of the vec4s its workgroup read, over their components.
-// Dispatch: (G, 1, 1), any G; each invocation keeps ACC vec4 accumulators,
-// ACC loads per iteration.
+// of term() of the vec4s its workgroup read, over their components; under
+// RECORDS also records[0 .. params.records), record r = (bits of the sum of
+// the invocation whose walk() over params.records holds r, r, 0, 0), every
+// record once. Dispatch: (G, 1, 1), any G; each invocation keeps ACC vec4
+// accumulators, ACC loads per iteration, then ACC record stores per
+// iteration.
 @compute @workgroup_size(WG)
 fn read_vec4(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -143,7 +175,37 @@ fn read_vec4(
         a0 += term(src[i]);
     }
     let v = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7));
-    workgroup_total(wg.x, lid, (v.x + v.y) + (v.z + v.w));
+    let sum = (v.x + v.y) + (v.z + v.w);
+    if RECORDS {
+        let rw = walk(wg.x, groups.x, lid, params.records);
+        let rs = rw.stride;
+        let bits = bitcast<u32>(sum);
+        var r = rw.first;
+        // ACC stores per iteration, as the loads: one store per iteration
+        // took SwiftShader about 40% longer than four at 200 000 records
+        // (lavapipe the same).
+        while r + (ACC - 1u) * rs < rw.end {
+            put_record(r, bits);
+            if ACC >= 2u {
+                put_record(r + rs, bits);
+            }
+            if ACC >= 4u {
+                put_record(r + 2u * rs, bits);
+                put_record(r + 3u * rs, bits);
+            }
+            if ACC >= 8u {
+                put_record(r + 4u * rs, bits);
+                put_record(r + 5u * rs, bits);
+                put_record(r + 6u * rs, bits);
+                put_record(r + 7u * rs, bits);
+            }
+            r += ACC * rs;
+        }
+        for (; r < rw.end; r += rs) {
+            put_record(r, bits);
+        }
+    }
+    workgroup_total(wg.x, lid, sum);
 }
 
 // mul_vec4 — reads and writes: dst[0 .. params.len4), multiplied by

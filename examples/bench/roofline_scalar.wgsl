@@ -1,6 +1,7 @@
 // The rooflines of roofline.wgsl with scalar loads from an array<f32>, for
 // the benchmark's sweep: what vec4 loads are worth on each driver. Same
-// overrides, bindings and dispatch shapes as roofline.wgsl.
+// overrides, bindings and dispatch shapes as roofline.wgsl, less POW,
+// RECORDS and the records' binding 4, which only its vec4 read has.
 
 override WG: u32 = 256u;
 override ACC: u32 = 4u;
@@ -8,10 +9,14 @@ override WALK: u32 = 0u;
 override TEAM: u32 = 8u;
 
 struct Params {
-    len4: u32,   // vec4 elements (read_scalar4, mul_scalar4)
-    len1: u32,   // f32 elements, 4 len4 (read_scalar1, mul_scalar1)
+    len4: u32,    // vec4 elements (read_scalar4, mul_scalar4)
+    len1: u32,    // f32 elements, 4 len4 (read_scalar1, mul_scalar1)
     factor: f32,
-    p: f32,      // the exponent of roofline.wgsl's read under POW; unused here
+    p: f32,       // the exponent of roofline.wgsl's read under POW; unused here
+    records: u32, // roofline.wgsl's record count under RECORDS; unused here
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
 }
 
 @group(0) @binding(0) var<storage, read> src: array<f32>;

@@ -190,13 +190,13 @@ fn sweep_size(
     args: &Args,
 ) -> Res<SweepSize> {
     let n = b.n;
-    let set = &rooflines.bind(&b.grads, n);
+    let set = &rooflines.bind(&b.grads, n, 0);
     let mut results = Vec::new();
     let mut best = Vec::new();
     for kind in [Kind::Read, Kind::Multiply] {
         rooflines.prepare(kind, shapes, true)?;
     }
-    rooflines.validate(set, shapes, shapes, &[], true)?;
+    rooflines.validate(set, shapes, shapes, &[], &[], true)?;
     for kind in [Kind::Read, Kind::Multiply] {
         let jobs: Vec<Job> = shapes
             .iter()
@@ -230,13 +230,14 @@ fn sweep_size(
     // with them, in one interleaved run.
     let mut runtime_checks = Vec::new();
     for &(kind, shape) in &best {
-        let (reads, muls, powers) = match kind {
-            Kind::Read => (vec![shape], vec![], vec![]),
-            Kind::Multiply => (vec![], vec![shape], vec![]),
-            Kind::Power => (vec![], vec![], vec![shape]),
+        let (reads, muls, powers, records) = match kind {
+            Kind::Read => (vec![shape], vec![], vec![], vec![]),
+            Kind::Multiply => (vec![], vec![shape], vec![], vec![]),
+            Kind::Power => (vec![], vec![], vec![shape], vec![]),
+            Kind::Records => (vec![], vec![], vec![], vec![shape]),
         };
         rooflines.prepare(kind, &[shape], false)?;
-        rooflines.validate(set, &reads, &muls, &powers, false)?;
+        rooflines.validate(set, &reads, &muls, &powers, &records, false)?;
         let jobs: Vec<Job> = [true, false]
             .into_iter()
             .map(|checked| {
