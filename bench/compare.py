@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Ratio table of two benchmark runs in the "gradclip-bench/1" JSON schema.
+"""Ratio table of two benchmark runs in the "gradclip-bench" JSON schemas.
 
     python3 bench/compare.py ours.json torch.json
     python3 bench/compare.py ours.json torch.json --ours naive --theirs torch
@@ -9,21 +9,22 @@ median time of each side, ours / theirs (below 1: ours is faster), and each
 side's fraction of its own copy bandwidth measured in the same run (the
 ratio that survives noisy or different machines). Times are compared on
 each file's basis ("gpu": GPU timestamps or CUDA events; "wall"): a
-mismatch is flagged.
+mismatch is flagged. The bench writes schema "gradclip-bench/2" and
+torch_peer.py "gradclip-bench/1", the fields of /2 that this reads.
 """
 
 import argparse
 import json
 import sys
 
-SCHEMA = "gradclip-bench/1"
+SCHEMAS = ("gradclip-bench/1", "gradclip-bench/2")
 
 
 def load(path):
     with open(path) as f:
         run = json.load(f)
-    if run.get("schema") != SCHEMA:
-        sys.exit(f"{path}: schema {run.get('schema')!r}, expected {SCHEMA!r}")
+    if run.get("schema") not in SCHEMAS:
+        sys.exit(f"{path}: schema {run.get('schema')!r}, expected one of {SCHEMAS!r}")
     return run
 
 

@@ -4,8 +4,9 @@
 Times torch.nn.utils.clip_grad_norm_(foreach=True) on the same sizes, tensor
 counts, norms and clip / no-clip steps as `cargo run --release --example
 bench`, on whatever device torch sees (CUDA if available, else CPU), and
-writes the same JSON schema ("gradclip-bench/1") so that bench/compare.py can
-print ours / torch per case.
+writes the bench's result rows without its roofline fields (schema
+"gradclip-bench/1"; the bench's own is "gradclip-bench/2") so that
+bench/compare.py can print ours / torch per case.
 
     python3 bench/torch_peer.py --json torch.json            # sizes 1e5..1e7
     python3 bench/torch_peer.py --max-n 1e8 --json torch.json
