@@ -1401,11 +1401,31 @@ const UNIT_EXACT: u32 = 2u;
 // Stored either way: under a branch, the store made SwiftShader's
 // reduce_tensors 10-30% slower (200 000 one-element tensors).
 fn unit_plain(a: u32, tensor: u32, sc: StatScale, clipped: ptr<function, bool>) -> u32 {
-    let k = element_partial(a & ABS_MASK);
-    let pc = plain_clip(k.p, sc.unscaling);
+    let m = a & ABS_MASK;
+    var k: Tracked;
+    var pc: PlainClip;
+    if KIND == 2u {
+        k = Tracked(Partial(vec3(0.0), 0u), m < EXP_MASK);
+        pc = p_unit_clip(m, sc.unscaling);
+    } else {
+        k = element_partial(m);
+        pc = plain_clip(k.p, sc.unscaling);
+    }
     let ok = k.ok && pc.ok;
     *clipped = (store_tensor_stat(tensor, pc.c) && ok) || *clipped;
     return select(select(UNIT_GENERAL, UNIT_DONE, ok), UNIT_EXACT, !k.ok);
+}
+
+// plain_clip(element_partial(m).p) for a p, where element_partial keeps
+// the partial (m, the |g| bits, finite): the partial is |g| exactly, as
+// (1, mantissa, exponent), and plain_clip takes it where |g| is zero or
+// normal, its norm then mul_pow2(mantissa, exponent), |g| itself. So the
+// unit walk takes the norm from the bits, with neither decode's
+// normalising nor mul_pow2's range checks.
+fn p_unit_clip(m: u32, unscaling: bool) -> PlainClip {
+    let norm = bitcast<f32>(m);
+    let ok = plain_clip_usable(unscaling) && (m == 0u || m >= 0x00800000u);
+    return PlainClip(Coefficient(norm, plain_factor(norm), SCALE_MULTIPLY), ok);
 }
 
 // unit_plain for the four one-element tensors of quad q, whose bits are
