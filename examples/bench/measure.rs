@@ -349,22 +349,19 @@ impl Bench {
                 let first = self.slot(ROOFLINE_REGION, ROOFLINE_STAMPS, r);
                 let read = self.roofline_pass(rf, Kind::Read, first)?;
                 let mul = self.roofline_pass(rf, Kind::Multiply, first + 2)?;
-                let power = match rf.power {
-                    Some(_) => Some(self.roofline_pass(
-                        rf,
-                        Kind::Power,
-                        self.slot(POWER_REGION, POWER_STAMPS, r),
-                    )?),
-                    None => None,
+                // The kernels a case has only sometimes, each in its own region.
+                let optional = |present: bool, kind, region, stamps| {
+                    present
+                        .then(|| self.roofline_pass(rf, kind, self.slot(region, stamps, r)))
+                        .transpose()
                 };
-                let records = match rf.records {
-                    Some(_) => Some(self.roofline_pass(
-                        rf,
-                        Kind::Records,
-                        self.slot(RECORDS_REGION, RECORDS_STAMPS, r),
-                    )?),
-                    None => None,
-                };
+                let power = optional(rf.power.is_some(), Kind::Power, POWER_REGION, POWER_STAMPS)?;
+                let records = optional(
+                    rf.records.is_some(),
+                    Kind::Records,
+                    RECORDS_REGION,
+                    RECORDS_STAMPS,
+                )?;
                 if keep {
                     read_wall.push(read);
                     mul_wall.push(mul);
