@@ -32,6 +32,15 @@ const RECORDS_REGION: u32 = POWER_REGION + POWER_STAMPS;
 /// Queries one repetition of a case can write.
 pub const STAMPS_PER_REP: u32 = RECORDS_REGION + RECORDS_STAMPS;
 
+/// Each repetition's time, in seconds, from stamp `begin` to stamp
+/// `begin + 1` of its `per_rep` stamps (nanoseconds).
+fn spans(stamps: &[f64], per_rep: usize, begin: usize) -> Vec<f64> {
+    stamps
+        .chunks_exact(per_rep)
+        .map(|p| (p[begin + 1] - p[begin]) * 1e-9)
+        .collect()
+}
+
 /// The device and what every measurement shares.
 pub struct Bench {
     pub device: wgpu::Device,
@@ -409,38 +418,20 @@ impl Bench {
         }
 
         if self.gpu_basis {
-            let stamps = self.region(COPY_REGION, COPY_STAMPS)?;
-            copy = stamps
-                .chunks_exact(2)
-                .map(|p| (p[1] - p[0]) * 1e-9)
-                .collect();
+            copy = spans(&self.region(COPY_REGION, COPY_STAMPS)?, 2, 0);
         }
         let (mut read_roofline, mut multiply_roofline) = (read_wall, mul_wall);
         let mut power_roofline = power_wall;
         let mut records_roofline = records_wall;
         if self.gpu_basis && c.roofline.is_some() {
             let stamps = self.region(ROOFLINE_REGION, ROOFLINE_STAMPS)?;
-            read_roofline = stamps
-                .chunks_exact(4)
-                .map(|p| (p[1] - p[0]) * 1e-9)
-                .collect();
-            multiply_roofline = stamps
-                .chunks_exact(4)
-                .map(|p| (p[3] - p[2]) * 1e-9)
-                .collect();
+            read_roofline = spans(&stamps, 4, 0);
+            multiply_roofline = spans(&stamps, 4, 2);
             if c.roofline.as_ref().is_some_and(|r| r.power.is_some()) {
-                power_roofline = self
-                    .region(POWER_REGION, POWER_STAMPS)?
-                    .chunks_exact(2)
-                    .map(|p| (p[1] - p[0]) * 1e-9)
-                    .collect();
+                power_roofline = spans(&self.region(POWER_REGION, POWER_STAMPS)?, 2, 0);
             }
             if c.roofline.as_ref().is_some_and(|r| r.records.is_some()) {
-                records_roofline = self
-                    .region(RECORDS_REGION, RECORDS_STAMPS)?
-                    .chunks_exact(2)
-                    .map(|p| (p[1] - p[0]) * 1e-9)
-                    .collect();
+                records_roofline = spans(&self.region(RECORDS_REGION, RECORDS_STAMPS)?, 2, 0);
             }
         }
         if queries.is_some() {
