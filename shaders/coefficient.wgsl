@@ -222,9 +222,7 @@ fn plain_clip(q: Partial, unscaling: bool) -> PlainClip {
         ok = ok && (q.v.x == 0.0 || (q.v.x == 1.0 && e >= -126 && e <= 127));
         norm = select(mul_pow2(q.v.y, e), 0.0, q.v.x == 0.0);
     } else {
-        let a = bitcast<u32>(q.v.x);
-        ok = ok && (a == 0u || a >= 0x00800000u);
-        norm = q.v.x;
+        return plain_norm_clip(q.v.x, ok);
     }
     return PlainClip(Coefficient(norm, plain_factor(norm), SCALE_MULTIPLY), ok);
 }
@@ -240,9 +238,17 @@ fn tensor_clip(q: Partial, unscaling: bool) -> PlainClip {
     if KIND != 2u {
         return plain_clip(q, unscaling);
     }
-    let norm = norm_value(q, 2u).norm;
-    let ok = q.flags == 0u && plain_clip_usable(unscaling) && (bitcast<u32>(norm) == 0u || positive_normal(norm));
-    return PlainClip(Coefficient(norm, plain_factor(norm), SCALE_MULTIPLY), ok);
+    return plain_norm_clip(norm_value(q, 2u).norm, q.flags == 0u && plain_clip_usable(unscaling));
+}
+
+// The plain clip of a norm already found, `ok` holding the caller's other
+// conditions: taken where the norm is zero or a positive normal float, by
+// its bits (a flushing driver's compare takes a subnormal for zero).
+// plain_clip's Inf case (the largest element's bits), tensor_clip's root,
+// and the reduce pass's one-element tensors of a p (their element's bits).
+fn plain_norm_clip(norm: f32, ok: bool) -> PlainClip {
+    let plain = bitcast<u32>(norm) == 0u || positive_normal(norm);
+    return PlainClip(Coefficient(norm, plain_factor(norm), SCALE_MULTIPLY), ok && plain);
 }
 
 // Whether plain_clip can take any tensor of this clip: no unscaling, a

@@ -1432,8 +1432,14 @@ fn unit_plain(a: u32, tensor: u32, sc: StatScale, clipped: ptr<function, bool>) 
     var k: Tracked;
     var pc: PlainClip;
     if KIND == 2u {
+        // plain_clip(element_partial(m).p), where element_partial keeps
+        // the partial: it is |g| exactly, as (1, mantissa, exponent), and
+        // plain_clip takes it where |g| is zero or normal, its norm then
+        // mul_pow2(mantissa, exponent), |g| itself. So the norm comes from
+        // the bits, with neither decode's normalising nor mul_pow2's range
+        // checks.
         k = Tracked(Partial(vec3(0.0), 0u), m < EXP_MASK);
-        pc = p_unit_clip(m, sc.unscaling);
+        pc = plain_norm_clip(bitcast<f32>(m), plain_clip_usable(sc.unscaling));
     } else {
         k = element_partial(m);
         pc = plain_clip(k.p, sc.unscaling);
@@ -1441,18 +1447,6 @@ fn unit_plain(a: u32, tensor: u32, sc: StatScale, clipped: ptr<function, bool>) 
     let ok = k.ok && pc.ok;
     *clipped = (store_tensor_stat(tensor, pc.c) && ok) || *clipped;
     return select(select(UNIT_GENERAL, UNIT_DONE, ok), UNIT_EXACT, !k.ok);
-}
-
-// plain_clip(element_partial(m).p) for a p, where element_partial keeps
-// the partial (m, the |g| bits, finite): the partial is |g| exactly, as
-// (1, mantissa, exponent), and plain_clip takes it where |g| is zero or
-// normal, its norm then mul_pow2(mantissa, exponent), |g| itself. So the
-// unit walk takes the norm from the bits, with neither decode's
-// normalising nor mul_pow2's range checks.
-fn p_unit_clip(m: u32, unscaling: bool) -> PlainClip {
-    let norm = bitcast<f32>(m);
-    let ok = plain_clip_usable(unscaling) && (m == 0u || m >= 0x00800000u);
-    return PlainClip(Coefficient(norm, plain_factor(norm), SCALE_MULTIPLY), ok);
 }
 
 // unit_plain for the four one-element tensors of quad q, whose bits are
