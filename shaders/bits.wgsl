@@ -10,6 +10,7 @@ const SIGN_MASK: u32 = 0x80000000u;
 const QUIET_NAN: u32 = 0x7fc00000u;
 const POS_INF: u32 = 0x7f800000u;
 const ONE_BITS: u32 = 0x3f800000u;
+const MIN_NORMAL_BITS: u32 = 0x00800000u; // f32::MIN_POSITIVE
 
 // A quiet NaN as a runtime value. A constant expression that evaluates to NaN
 // or an infinity is a shader-creation error in WGSL: Tint (Chromium, Dawn)

@@ -73,6 +73,9 @@ fn norm_value(q: Partial, kind: u32) -> NormValue {
     }
 }
 
+// PyTorch's clip_grad_norm_ divides max_norm by norm + eps.
+const TORCH_EPS: f32 = 1e-6;
+
 // A clip factor, exactly: m * 2^e with m in [1, 2), or m = 0, or m NaN.
 struct Factor {
     m: f32,
@@ -136,8 +139,8 @@ fn coefficient(nv: NormValue, flags: u32) -> Coefficient {
     var f: Factor;
     if cfg.semantics == SEMANTICS_TORCH {
         if is_finite_f32(nv.norm) {
-            // PyTorch's f32 arithmetic: max_norm / (norm + 1e-6), min 1.
-            let d = decode(bitcast<u32>(nv.norm + 1e-6));
+            // PyTorch's f32 arithmetic: max_norm / (norm + eps), min 1.
+            let d = decode(bitcast<u32>(nv.norm + TORCH_EPS));
             f = divide(cfg.max_norm, d.m, d.e);
         } else {
             // The norm overflows f32; its exact form still gives the ratio.
@@ -166,7 +169,7 @@ fn usable_scale(s: f32) -> bool {
 // would take a flushing driver's subnormal for zero.
 fn positive_normal(x: f32) -> bool {
     let b = bitcast<u32>(x);
-    return b >= 0x00800000u && b < EXP_MASK;
+    return b >= MIN_NORMAL_BITS && b < EXP_MASK;
 }
 
 // The norm (of g / S when `unscaling`) and the factor that the stored
@@ -251,6 +254,33 @@ fn plain_norm_clip(norm: f32, ok: bool) -> PlainClip {
     return PlainClip(Coefficient(norm, plain_factor(norm), SCALE_MULTIPLY), ok && plain);
 }
 
+// A test for plain_factor being 1 without its division: for PyTorch, the
+// divisor norm + eps below 2^E (`below`'s bits), E max_norm's exponent,
+// since the quotient's exponent is then f.e >= E - (E - 1) - 1 = 0
+// whatever the division's rounding; for TensorFlow, norm <= max_norm
+// (norm's bits below `below`). Nothing passes (`below` 0) where
+// plain_clip takes no tensor. The reduce pass's one-element tensors,
+// whose factor is nearly always 1, take it instead of plain_factor's
+// division and dozen operations for every tensor.
+struct FactorOne {
+    torch: bool,
+    below: u32,
+}
+
+fn factor_one_test(unscaling: bool) -> FactorOne {
+    let n = bitcast<u32>(cfg.max_norm);
+    let torch = cfg.semantics == SEMANTICS_TORCH;
+    let below = select(n + 1u, n & EXP_MASK, torch);
+    return FactorOne(torch, select(0u, below, plain_clip_usable(unscaling)));
+}
+
+// Whether each of four norms (zero or positive normal) has plain_factor 1
+// by test f.
+fn factor_is_one(norm: vec4<f32>, f: FactorOne) -> vec4<bool> {
+    let key = select(norm, norm + vec4(TORCH_EPS), f.torch);
+    return bitcast<vec4<u32>>(key) < vec4(f.below);
+}
+
 // Whether plain_clip can take any tensor of this clip: no unscaling, a
 // normal max_norm.
 fn plain_clip_usable(unscaling: bool) -> bool {
@@ -266,7 +296,7 @@ fn plain_clip_usable(unscaling: bool) -> bool {
 fn plain_factor(norm: f32) -> Factor {
     let torch = cfg.semantics == SEMANTICS_TORCH;
     let n = bitcast<u32>(cfg.max_norm);
-    let d = bitcast<u32>(select(norm, norm + 1e-6, torch));
+    let d = bitcast<u32>(select(norm, norm + TORCH_EPS, torch));
     let f = quotient(normal_mantissa(n), i32(n >> 23u) - 127, normal_mantissa(d), i32(d >> 23u) - 127);
     let one = select(norm <= cfg.max_norm, f.e >= 0, torch);
     return Factor(select(f.m, 1.0, one), select(f.e, 0, one));

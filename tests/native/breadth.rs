@@ -293,7 +293,10 @@ fn runs_of_one_element_tensors_match_float64_and_lone_ones_bits() {
     // places every such tensor between two-element ones. Magnitudes span
     // the fast paths' limits (squares that overflow or underflow f32,
     // subnormals, zeros, inf and NaN), so some of a run's tensors take the
-    // general path.
+    // general path, and the unit walk's quick test's (factor 1 from a
+    // compare): PyTorch's divisor x + 1e-6 either side of 2^-2, the power
+    // of two at or below max_norm 0.25 and 0.3, TensorFlow's x either side
+    // of 0.25, L2's squares at the edges of the plain sum's window.
     let runs: [(usize, usize); 9] = [
         (0, 2),
         (3, 3),
@@ -330,6 +333,15 @@ fn runs_of_one_element_tensors_match_float64_and_lone_ones_bits() {
         -1e30,
         f32::MAX,
         0.5,
+        // x + 1e-6 rounds to 0.25, and to just below it.
+        0.25 - 1e-6,
+        f32::from_bits((0.25f32 - 1e-6).to_bits() - 1),
+        0.25,
+        f32::from_bits(0.25f32.to_bits() + 1),
+        -2f32.powi(-39),
+        f32::from_bits(2f32.powi(-39).to_bits() - 1),
+        2f32.powi(48),
+        -f32::from_bits(2f32.powi(48).to_bits() - 1),
     ];
     let mut data = values(sizes.iter().sum(), 14);
     let starts = starts_of(&sizes);
@@ -366,7 +378,7 @@ fn runs_of_one_element_tensors_match_float64_and_lone_ones_bits() {
             (true, Order::L2, 0.25),
             (false, Order::Inf, 0.25),
             (true, Order::Inf, 0.25),
-            (false, Order::P(3.0), 0.25),
+            (false, Order::P(3.0), 0.3),
             (true, Order::P(1.5), 0.25),
             // A subnormal max_norm: plain_clip declines every tensor.
             (false, Order::L2, 1e-40),
