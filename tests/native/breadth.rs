@@ -434,6 +434,55 @@ fn runs_of_one_element_tensors_match_float64_and_lone_ones_bits() {
 }
 
 #[test]
+fn one_element_tensors_unscale_before_their_factor() {
+    // A run of one-element tensors, which the reduce pass gives their
+    // results in its walk over the run, in a per-tensor clip that unscales
+    // by S = 512: each tensor's norm must be |g| / S and its factor
+    // min(1, 1 / (norm + 1e-6)) / S, though all but the last have |g|
+    // below max_norm even before unscaling, where the walk's quick path
+    // (factor 1 by a compare, for clips that do not unscale) would take
+    // them. The last clips. (A 16-bit set pads each one-element tensor to
+    // two elements, so only an f32 set has such runs.)
+    let scale = 512.0f32;
+    let mut sizes = vec![3000, 501];
+    sizes.extend([1; 600]);
+    sizes.push(7000);
+    let starts = starts_of(&sizes);
+    let mut data = values(sizes.iter().sum(), 16);
+    for t in 2..602 {
+        data[starts[t]] = ((t % 97) as f32 / 97.0 - 0.5) * 0.9;
+    }
+    data[starts[601]] = 900.0;
+    let clip = ClipNorm::new(1.0).per_tensor(true).unscale(true);
+    let (report, after) = run_clip(&data, &sizes, |set, enc| {
+        set.set_loss_scaler(&gradclip::LossScaler::new().init_scale(scale))?;
+        set.clip_norm(enc, &clip)
+    });
+    let report = report.unwrap();
+    assert!(!report.found_inf, "{report:?}");
+    for t in 0..sizes.len() {
+        let tensor = &data[starts[t]..starts[t] + sizes[t]];
+        let norm = reference::norm(tensor, Order::L2) / scale as f64;
+        let coef = reference::torch_coefficient(norm, 1.0) / scale as f64;
+        let (got_norm, got_coef) = (
+            report.tensor_norms[t] as f64,
+            report.tensor_coefficients[t] as f64,
+        );
+        assert!(
+            rel_diff(got_norm, norm) <= 1e-6 && rel_diff(got_coef, coef) <= 1e-6,
+            "tensor {t}: norm {got_norm:e} factor {got_coef:e}, want {norm:e} and {coef:e}"
+        );
+        for (i, (&x, &y)) in tensor.iter().zip(&after[starts[t]..]).enumerate() {
+            assert!(
+                rel_diff(y as f64, x as f64 * coef) <= 1e-6,
+                "tensor {t} element {i}: {y:e}, want {x:e} x {coef:e}"
+            );
+        }
+    }
+    assert_no_wgpu_errors();
+}
+
+#[test]
 fn one_element_tensors_have_norm_x_wherever_they_lie() {
     // A tensor of one element x has norm |x| for every p, and gradclip gives
     // exactly that for p too (an integer p's plain partial, |x|^p, would come
