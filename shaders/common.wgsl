@@ -355,7 +355,7 @@ struct Decoded {
 // a signed integer (the same value below 2^23): the unsigned conversion
 // cost SwiftShader's p = 1.5 reduce about a tenth more time.
 fn decode(a: u32) -> Decoded {
-    let subnormal = a < 0x00800000u;
+    let subnormal = a < MIN_NORMAL_BITS;
     let b = select(a, bitcast<u32>(f32(i32(a))), subnormal);
     return Decoded(normal_mantissa(b), i32(b >> 23u) - select(127, 276, subnormal));
 }

@@ -59,7 +59,7 @@ fn add_l2(acc: ptr<function, vec3<f32>>, flags: ptr<function, u32>, bits: u32) {
     } else if a != 0u {
         // |g| * 2^86 exactly; subnormals are rebuilt from their
         // mantissa (mant * 2^-149 * 2^86) so that no flush loses them.
-        let y = select(bitcast<f32>(a + (86u << 23u)), f32(a) * 0x1p-63f, a < 0x00800000u);
+        let y = select(bitcast<f32>(a + (86u << 23u)), f32(a) * 0x1p-63f, a < MIN_NORMAL_BITS);
         (*acc).x += y * y;
     }
 }
