@@ -18,6 +18,7 @@ mod chunks;
 mod configs;
 mod determinism;
 mod extremes;
+mod flat_walk;
 mod fused_sgd;
 mod golden;
 mod misuse;

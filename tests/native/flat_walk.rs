@@ -1,0 +1,220 @@
+//! The order of the reduce pass's flat walk, against a CPU model of it.
+//!
+//! A global norm's bits depend on the order in which the pass adds its
+//! terms, and that order is part of what the crate promises: one layout on
+//! one adapter gives the same bits whether or not a clip asks for per-tensor
+//! results (reduce.wgsl walks a chunk that holds a run of one-element
+//! tensors with `reduce_flat_units` then, `plain_quads` otherwise). Whether
+//! another order shows in the bits of a whole layout depends on luck: one
+//! invocation's different rounding is mostly lost in the workgroup's fold
+//! of 32 or 256 shares. So here every element is zero but those of one
+//! invocation's share, whose sum then is the global partial, bit for bit,
+//! and the sum is compared with [`share_sum`], the order written out on the
+//! CPU. Its terms are exact in f32 (elements of 8 significant bits), so
+//! only the order of the additions can round differently, and whether the
+//! driver fuses a multiply-add cannot matter.
+
+use crate::common;
+
+use common::adaptive_reference::Rng;
+use common::{assert_no_wgpu_errors, gpu};
+use gradclip::{shaders, ClipNorm, ClipReport, GradLayout, GradType, Norm};
+
+/// The flat chunk length of layouts under 64 chunks, on every adapter.
+const CHUNK: usize = 32768;
+
+/// Quads each invocation walks in the last chunk: 4k + 3, so that after its
+/// whole steps of `LANES` quads a short one of three is left, which
+/// `plain_quads` adds to its first accumulator in turn (and two steps at a
+/// time before that).
+const SHARE_QUADS: usize = 23;
+
+/// Elements of the one-element tensors' run at the start of the last chunk,
+/// after `LEAD` elements of the tensor before: the invocation's quads lie
+/// inside it on CPU adapters (invocation 1 takes quads 23 to 45) and on
+/// GPUs (lane 1 of the first team, quads 1 to 177).
+const LEAD: usize = 2;
+const UNITS: usize = 800;
+
+/// The walk's accumulators (reduce.wgsl `LANES`).
+const LANES: usize = 4;
+
+/// The invocation whose share holds the data: it also takes the chunk's
+/// last edge quad (`team_share`), which starts its second accumulator.
+const INVOCATION: usize = 1;
+
+const NORMS: [Norm; 3] = [Norm::L2, Norm::P(3.0), Norm::L1];
+
+/// Invocation t's quads of a run of `quads` quads (common.wgsl `team_walk`):
+/// the first, the end, the stride.
+fn team_walk(quads: usize, workgroup: usize, team: usize, t: usize) -> (usize, usize, usize) {
+    let teams = workgroup / team;
+    let piece = quads.div_ceil(teams).div_ceil(team) * team;
+    let begin = (t / team * piece).min(quads);
+    (begin + t % team, (begin + piece).min(quads), team)
+}
+
+/// An element's plain term for `norm`: exact in f32 for the elements of
+/// [`element`] (a square has 16 significant bits, a cube 24).
+fn term(norm: Norm, x: f32) -> f32 {
+    let z = x.abs();
+    match norm {
+        Norm::L2 => z * z,
+        Norm::P(3.0) => z * z * z,
+        Norm::L1 => z,
+        _ => unreachable!("no plain terms for {norm:?}"),
+    }
+}
+
+fn add_terms(norm: Norm, s: &mut [f32; 4], quad: [f32; 4]) {
+    for (acc, x) in s.iter_mut().zip(quad) {
+        *acc += term(norm, x);
+    }
+}
+
+/// `plain_quads` (reduce.wgsl) of one share: the edge quads start the first
+/// two accumulators, two steps of `LANES` quads a loop, then one, then the
+/// rest quad by quad into the first; the accumulators summed pairwise, and
+/// their lanes.
+fn share_sum(
+    norm: Norm,
+    quad: impl Fn(usize) -> [f32; 4],
+    (first, end, stride): (usize, usize, usize),
+    edges: [[f32; 4]; 2],
+) -> f32 {
+    let mut s = [[0f32; 4]; LANES];
+    add_terms(norm, &mut s[0], edges[0]);
+    add_terms(norm, &mut s[1], edges[1]);
+    let mut q = first;
+    while q + (2 * LANES - 1) * stride < end {
+        for k in 0..2 * LANES {
+            add_terms(norm, &mut s[k % LANES], quad(q + k * stride));
+        }
+        q += 2 * LANES * stride;
+    }
+    while q + (LANES - 1) * stride < end {
+        for (k, acc) in s.iter_mut().enumerate() {
+            add_terms(norm, acc, quad(q + k * stride));
+        }
+        q += LANES * stride;
+    }
+    while q < end {
+        add_terms(norm, &mut s[0], quad(q));
+        q += stride;
+    }
+    let v: [f32; 4] = std::array::from_fn(|l| (s[0][l] + s[1][l]) + (s[2][l] + s[3][l]));
+    (v[0] + v[1]) + (v[2] + v[3])
+}
+
+/// An element of 8 significant bits, random sign, exponent in [-6, 6].
+fn element(rng: &mut Rng) -> f32 {
+    let r = rng.next_u64();
+    let mant = (128 + (r & 127)) as f32 / 128.0;
+    let exp = ((r >> 8) % 13) as i32 - 6;
+    let sign = if (r >> 32) & 1 == 0 { 1.0 } else { -1.0 };
+    sign * mant * 2f32.powi(exp)
+}
+
+/// The sum a global partial holds (records.rs `Partial`): L2's middle bin;
+/// an integer p's scaled sum times 2^(p e), e its reference exponent.
+fn partial_sum(norm: Norm, r: &ClipReport) -> f32 {
+    let bytes = r.partial.to_bytes();
+    let word = |k: usize| u32::from_le_bytes(bytes[4 * k..4 * k + 4].try_into().unwrap());
+    let [x, y, z] = [0, 1, 2].map(|k| f32::from_bits(word(k)));
+    assert_eq!(word(3), 0, "{norm:?}: flags in a finite partial");
+    match norm {
+        Norm::L2 => {
+            assert_eq!((x, z), (0.0, 0.0), "L2: a sum outside the middle bin");
+            y
+        }
+        _ => {
+            let p = if norm == Norm::L1 { 1 } else { 3 };
+            assert_eq!(y, 1.0, "{norm:?}: not a plain integer-p partial");
+            x * 2f32.powi(p * z as i32)
+        }
+    }
+}
+
+#[test]
+fn flat_walks_add_in_the_order_of_the_cpu_model() {
+    let g = gpu();
+    let workgroup = g.clipper.workgroup_size() as usize;
+    let team = match g.info.device_type {
+        wgpu::DeviceType::Cpu => shaders::CPU_TEAM,
+        _ => shaders::GPU_TEAM,
+    } as usize;
+    // The last chunk: its inner quads give each invocation SHARE_QUADS a
+    // lane, and two elements after them make its last edge quad.
+    let quads = SHARE_QUADS * workgroup / team * team;
+    let last = 4 * quads + 2;
+    let sizes: Vec<usize> = [CHUNK + LEAD]
+        .into_iter()
+        .chain(std::iter::repeat_n(1, UNITS))
+        .chain([last - LEAD - UNITS])
+        .collect();
+    let layout = GradLayout::from_sizes(&sizes).unwrap();
+    let walk = team_walk(quads, workgroup, team, INVOCATION);
+    let (first, end, stride) = walk;
+    assert_eq!((end - first).div_ceil(stride), SHARE_QUADS);
+    assert!(
+        4 * (end - stride) + 3 < LEAD + UNITS && 4 * first >= LEAD,
+        "the share's quads must lie in the run of one-element tensors"
+    );
+    let mut order_showed = false;
+    for seed in 0..6 {
+        let mut rng = Rng::new(0x5eed_0000 + seed);
+        let mut data = vec![0f32; CHUNK + last];
+        let mut quad_of = vec![[0f32; 4]; quads];
+        for q in (first..end).step_by(stride) {
+            quad_of[q] = std::array::from_fn(|_| element(&mut rng));
+            data[CHUNK + 4 * q..CHUNK + 4 * q + 4].copy_from_slice(&quad_of[q]);
+        }
+        let tail = [element(&mut rng), element(&mut rng), 0.0, 0.0];
+        data[CHUNK + 4 * quads..].copy_from_slice(&tail[..2]);
+        let bytes: &[u8] = bytemuck::cast_slice(&data);
+        for norm in NORMS {
+            let model = share_sum(norm, |q| quad_of[q], walk, [[0.0; 4], tail]);
+            // The same terms one after another: the data must be such that
+            // the order shows, or the comparison below could not fail.
+            let in_turn = data.iter().fold(0f32, |s, &x| s + term(norm, x));
+            order_showed |= in_turn.to_bits() != model.to_bits();
+            let base = ClipNorm::new(1e-3).norm(norm);
+            for (what, clip) in [
+                ("plain", base),
+                ("tensor_norms", base.tensor_norms(true)),
+                ("per_tensor", base.per_tensor(true)),
+            ] {
+                let report = clip_report(&layout, bytes, &clip);
+                let got = partial_sum(norm, &report);
+                assert!(
+                    got.to_bits() == model.to_bits(),
+                    "seed {seed} {norm:?} {what}: the walk summed {got:e} ({:#x}), \
+                     the CPU model of its order {model:e} ({:#x})",
+                    got.to_bits(),
+                    model.to_bits()
+                );
+            }
+        }
+    }
+    assert!(
+        order_showed,
+        "no seed's sum depends on the order: the test proves nothing"
+    );
+}
+
+fn clip_report(layout: &GradLayout, bytes: &[u8], clip: &ClipNorm) -> ClipReport {
+    let g = gpu();
+    let buf = common::buffers::upload_bytes(&g.device, bytes);
+    let set = g.clipper.bind_as(&buf, layout, GradType::F32).unwrap();
+    assert_eq!(
+        set.chunk_elements() as usize,
+        CHUNK,
+        "the layout is built for chunks of {CHUNK} elements"
+    );
+    let mut encoder = g.device.create_command_encoder(&Default::default());
+    set.clip_norm(&mut encoder, clip).unwrap();
+    g.queue.submit([encoder.finish()]);
+    let report = pollster::block_on(set.read_report()).unwrap();
+    assert_no_wgpu_errors();
+    report
+}
