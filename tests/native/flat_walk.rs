@@ -29,11 +29,13 @@ const CHUNK: usize = 32768;
 /// time before that).
 const SHARE_QUADS: usize = 23;
 
-/// Elements of the one-element tensors' run at the start of the last chunk,
-/// after `LEAD` elements of the tensor before: the invocation's quads lie
-/// inside it on CPU adapters (invocation 1 takes quads 23 to 45) and on
-/// GPUs (lane 1 of the first team, quads 1 to 177).
+/// Elements of the first tensor in the last chunk, before the tensors whose
+/// walk is checked: the invocation's quads lie among those on CPU adapters
+/// (invocation 1 takes quads 23 to 45) and on GPUs (lane 1 of the first
+/// team, quads 1 to 177).
 const LEAD: usize = 2;
+
+/// One-element tensors of the unit run (elements 2 to 801 of the chunk).
 const UNITS: usize = 800;
 
 /// The walk's accumulators (reduce.wgsl `LANES`).
@@ -135,30 +137,40 @@ fn partial_sum(norm: Norm, r: &ClipReport) -> f32 {
     }
 }
 
-#[test]
-fn flat_walks_add_in_the_order_of_the_cpu_model() {
+/// The last chunk's shape on this adapter: its inner quads, which give each
+/// invocation SHARE_QUADS a lane, and invocation INVOCATION's walk of them.
+fn last_chunk() -> (usize, (usize, usize, usize)) {
     let g = gpu();
     let workgroup = g.clipper.workgroup_size() as usize;
     let team = match g.info.device_type {
         wgpu::DeviceType::Cpu => shaders::CPU_TEAM,
         _ => shaders::GPU_TEAM,
     } as usize;
-    // The last chunk: its inner quads give each invocation SHARE_QUADS a
-    // lane, and two elements after them make its last edge quad.
     let quads = SHARE_QUADS * workgroup / team * team;
+    let walk = team_walk(quads, workgroup, team, INVOCATION);
+    assert_eq!((walk.1 - walk.0).div_ceil(walk.2), SHARE_QUADS);
+    (quads, walk)
+}
+
+/// Clips a layout of a tensor that fills the first chunk and runs `LEAD`
+/// elements into the last, then the tensors of `inner`, then one that ends
+/// two elements past the last chunk's inner quads (an edge quad), with the
+/// elements of one invocation's share and that edge quad alone nonzero,
+/// and requires the global partial of every clip to be the CPU model's sum.
+fn check_walk_order(inner: &[usize]) {
+    let (quads, walk) = last_chunk();
+    let (first, end, stride) = walk;
     let last = 4 * quads + 2;
+    let taken = LEAD + inner.iter().sum::<usize>();
     let sizes: Vec<usize> = [CHUNK + LEAD]
         .into_iter()
-        .chain(std::iter::repeat_n(1, UNITS))
-        .chain([last - LEAD - UNITS])
+        .chain(inner.iter().copied())
+        .chain([last - taken])
         .collect();
     let layout = GradLayout::from_sizes(&sizes).unwrap();
-    let walk = team_walk(quads, workgroup, team, INVOCATION);
-    let (first, end, stride) = walk;
-    assert_eq!((end - first).div_ceil(stride), SHARE_QUADS);
     assert!(
-        4 * (end - stride) + 3 < LEAD + UNITS && 4 * first >= LEAD,
-        "the share's quads must lie in the run of one-element tensors"
+        4 * (end - stride) + 3 < taken && 4 * first >= LEAD,
+        "the share's quads must lie among the tensors of `inner`"
     );
     let mut order_showed = false;
     for seed in 0..6 {
@@ -200,6 +212,21 @@ fn flat_walks_add_in_the_order_of_the_cpu_model() {
         order_showed,
         "no seed's sum depends on the order: the test proves nothing"
     );
+}
+
+/// A run of one-element tensors: with per-tensor results the pass walks
+/// the chunk with `reduce_flat_units`, in blocks of `LANES` quads.
+#[test]
+fn chunks_with_a_unit_run_add_in_the_cpu_models_order() {
+    check_walk_order(&[1; UNITS]);
+}
+
+/// Tensors of 37 to 300 elements, ends inside and outside the share:
+/// with per-tensor results the pass walks the chunk with `plain_tracked`,
+/// a step of `LANES` quads at a time, in rounds.
+#[test]
+fn tracked_chunks_add_in_the_cpu_models_order() {
+    check_walk_order(&[37, 61, 100, 200, 300, 100]);
 }
 
 fn clip_report(layout: &GradLayout, bytes: &[u8], clip: &ClipNorm) -> ClipReport {
