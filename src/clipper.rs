@@ -24,6 +24,21 @@ const PREFERRED_WORKGROUP_SIZE: u32 = 256;
 /// per-chunk folds' barriers took most of the reduce pass (examples/bench,
 /// docs/bench-cpu-drivers.md). 32 is the smallest size the folds take.
 const CPU_WORKGROUP_SIZE: u32 = MIN_WORKGROUP_SIZE;
+/// Workgroup size of the scale and clamp passes on CPU adapters. They
+/// have no barrier and sum nothing, so neither the folds' minimum nor the
+/// order of sums binds them, and fewer invocations per chunk give each a
+/// longer run of its own to stream: 10^7 and 2.5*10^7 elements, one and
+/// 10 000 tensors, L2 clip, the scale pass at 16 against 32 invocations
+/// took 91-96% of the multiply roofline against 85-90% on lavapipe and
+/// llvmpipe GL (8: 84-89%, 4: 60-78%, a SIMD group's lanes left idle).
+const CPU_STREAM_WORKGROUP_SIZE: u32 = 16;
+/// The same on CPU adapters whose subgroups are at most
+/// [`NARROW_SUBGROUP`] lanes wide (SwiftShader, whose SIMD width is 4):
+/// there 4 invocations took 80-81% of the multiply roofline, 8 78-80%, 16
+/// 77-78% and 32 74-75% (the same cases).
+const NARROW_CPU_STREAM_WORKGROUP_SIZE: u32 = 4;
+/// See [`NARROW_CPU_STREAM_WORKGROUP_SIZE`].
+const NARROW_SUBGROUP: u32 = 4;
 /// Smallest workgroup size accepted from a device's limits.
 const MIN_WORKGROUP_SIZE: u32 = 32;
 // A team divides every workgroup size the host picks (powers of two from
@@ -31,6 +46,8 @@ const MIN_WORKGROUP_SIZE: u32 = 32;
 const _: () = assert!(
     MIN_WORKGROUP_SIZE.is_multiple_of(shaders::GPU_TEAM)
         && CPU_WORKGROUP_SIZE.is_multiple_of(shaders::CPU_TEAM)
+        && CPU_STREAM_WORKGROUP_SIZE.is_multiple_of(shaders::CPU_TEAM)
+        && NARROW_CPU_STREAM_WORKGROUP_SIZE.is_multiple_of(shaders::CPU_TEAM)
 );
 
 /// Owns everything about gradient clipping that depends only on the device:
@@ -66,6 +83,9 @@ pub(crate) struct Inner {
     /// The path f16 buffers take on this clipper.
     f16_path: ElementPath,
     pub workgroup_size: u32,
+    /// Invocations per workgroup of the scale and clamp passes: the
+    /// workgroup size but on CPU adapters ([`CPU_STREAM_WORKGROUP_SIZE`]).
+    stream_workgroup_size: u32,
     /// The longest flat chunk of a set on this device (see
     /// [`GradSet::chunk_elements`](crate::GradSet::chunk_elements)).
     pub chunk_elements: u32,
@@ -232,6 +252,14 @@ impl Clipper {
         )?;
         let device_type = device_type(device);
         let workgroup_size = workgroup_size(&limits, device_type)?;
+        let stream_workgroup_size = match device_type {
+            wgpu::DeviceType::Cpu if device.adapter_info().subgroup_max_size <= NARROW_SUBGROUP => {
+                NARROW_CPU_STREAM_WORKGROUP_SIZE
+            }
+            wgpu::DeviceType::Cpu => CPU_STREAM_WORKGROUP_SIZE,
+            _ => workgroup_size,
+        }
+        .min(workgroup_size);
         let (chunk_elements, team) = match device_type {
             wgpu::DeviceType::Cpu => (shaders::CPU_CHUNK_ELEMENTS, shaders::CPU_TEAM),
             _ => (shaders::MIN_CHUNK_ELEMENTS, shaders::GPU_TEAM),
@@ -300,6 +328,7 @@ impl Clipper {
                     ElementPath::F16Packed
                 },
                 workgroup_size,
+                stream_workgroup_size,
                 chunk_elements,
                 team,
                 tensors_per_invocation,
@@ -319,6 +348,9 @@ impl Clipper {
     /// (lavapipe, llvmpipe, SwiftShader), where each barrier costs a switch
     /// per SIMD group. The order of the sums follows it, so results repeat
     /// bit for bit on one adapter, not between adapters of different types.
+    /// (On CPU adapters the scale and clamp passes, which have no barrier
+    /// and sum nothing, take 16 invocations, or 4 where subgroups are 4
+    /// lanes wide.)
     pub fn workgroup_size(&self) -> u32 {
         self.inner.workgroup_size
     }
@@ -411,7 +443,14 @@ impl Inner {
             &self.pipeline_layout,
             module,
             entry,
-            (self.workgroup_size, self.chunk_elements, self.team),
+            (
+                match specialised {
+                    Specialised::Stream => self.stream_workgroup_size,
+                    _ => self.workgroup_size,
+                },
+                self.chunk_elements,
+                self.team,
+            ),
             specialised,
         );
         catch.end()?;
@@ -459,13 +498,13 @@ impl Inner {
     /// The scale pipeline of `elem`'s path.
     pub fn scale<'a>(&self, elem: &'a ElementPipelines) -> Result<&'a wgpu::ComputePipeline> {
         let module = (&shaders::element_modules(elem.path).1, &elem.scale_module);
-        self.lazy(&elem.scale, module, "scale", Specialised::No)
+        self.lazy(&elem.scale, module, "scale", Specialised::Stream)
     }
 
     /// The value-clipping pipeline of `elem`'s path.
     pub fn clamp<'a>(&self, elem: &'a ElementPipelines) -> Result<&'a wgpu::ComputePipeline> {
         let module = (&shaders::element_modules(elem.path).1, &elem.scale_module);
-        self.lazy(&elem.clamp, module, "clamp_values", Specialised::No)
+        self.lazy(&elem.clamp, module, "clamp_values", Specialised::Stream)
     }
 
     /// The finalize pipeline for `r` (from the reduce's partials).
@@ -503,7 +542,9 @@ impl Inner {
 /// What a pipeline is specialised for beside the device's sizes.
 #[derive(Clone, Copy)]
 enum Specialised {
-    No,
+    /// A pass that streams the gradients and sums nothing (scale, clamp):
+    /// the stream workgroup size.
+    Stream,
     /// A finalize-module pipeline: the `KIND` override.
     Kind(Reduction),
     /// A reduce pipeline: `KIND`, and the reduce module's own `POWER` and
