@@ -171,6 +171,21 @@ fn device_type(device: &wgpu::Device) -> wgpu::DeviceType {
     }
 }
 
+/// The widest subgroup the device's adapter reports (wgpu's default
+/// bounds where the backend has none: GL). In the browser, as in
+/// [`device_type`], the adapter may be unknown: the widest wgpu allows.
+fn subgroup_max_size(device: &wgpu::Device) -> u32 {
+    #[cfg(target_arch = "wasm32")]
+    {
+        let _ = device;
+        wgpu::MAXIMUM_SUBGROUP_MAX_SIZE
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        device.adapter_info().subgroup_max_size
+    }
+}
+
 /// A compute-visible storage buffer entry of a bind group layout.
 pub(crate) fn storage_entry(binding: u32, read_only: bool) -> wgpu::BindGroupLayoutEntry {
     wgpu::BindGroupLayoutEntry {
@@ -253,7 +268,7 @@ impl Clipper {
         let device_type = device_type(device);
         let workgroup_size = workgroup_size(&limits, device_type)?;
         let stream_workgroup_size = match device_type {
-            wgpu::DeviceType::Cpu if device.adapter_info().subgroup_max_size <= NARROW_SUBGROUP => {
+            wgpu::DeviceType::Cpu if subgroup_max_size(device) <= NARROW_SUBGROUP => {
                 NARROW_CPU_STREAM_WORKGROUP_SIZE
             }
             wgpu::DeviceType::Cpu => CPU_STREAM_WORKGROUP_SIZE,
