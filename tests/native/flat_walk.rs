@@ -17,8 +17,8 @@
 use crate::common;
 
 use common::adaptive_reference::Rng;
-use common::{assert_no_wgpu_errors, gpu};
-use gradclip::{shaders, ClipNorm, ClipReport, GradLayout, GradType, Norm};
+use common::{gpu, run_clip};
+use gradclip::{shaders, ClipNorm, ClipReport, Norm};
 
 /// The flat chunk length of layouts under 64 chunks, on every adapter.
 const CHUNK: usize = 32768;
@@ -167,7 +167,6 @@ fn check_walk_order(inner: &[usize]) {
         .chain(inner.iter().copied())
         .chain([last - taken])
         .collect();
-    let layout = GradLayout::from_sizes(&sizes).unwrap();
     assert!(
         4 * (end - stride) + 3 < taken && 4 * first >= LEAD,
         "the share's quads must lie among the tensors of `inner`"
@@ -183,7 +182,6 @@ fn check_walk_order(inner: &[usize]) {
         }
         let tail = [element(&mut rng), element(&mut rng), 0.0, 0.0];
         data[CHUNK + 4 * quads..].copy_from_slice(&tail[..2]);
-        let bytes: &[u8] = bytemuck::cast_slice(&data);
         for norm in NORMS {
             let model = share_sum(norm, |q| quad_of[q], walk, [[0.0; 4], tail]);
             // The same terms one after another: the data must be such that
@@ -196,8 +194,15 @@ fn check_walk_order(inner: &[usize]) {
                 ("tensor_norms", base.tensor_norms(true)),
                 ("per_tensor", base.per_tensor(true)),
             ] {
-                let report = clip_report(&layout, bytes, &clip);
-                let got = partial_sum(norm, &report);
+                let (report, _) = run_clip(&data, &sizes, |set, encoder| {
+                    assert_eq!(
+                        set.chunk_elements() as usize,
+                        CHUNK,
+                        "the layout is built for chunks of {CHUNK} elements"
+                    );
+                    set.clip_norm(encoder, &clip)
+                });
+                let got = partial_sum(norm, &report.unwrap());
                 assert!(
                     got.to_bits() == model.to_bits(),
                     "seed {seed} {norm:?} {what}: the walk summed {got:e} ({:#x}), \
@@ -227,21 +232,4 @@ fn chunks_with_a_unit_run_add_in_the_cpu_models_order() {
 #[test]
 fn tracked_chunks_add_in_the_cpu_models_order() {
     check_walk_order(&[37, 61, 100, 200, 300, 100]);
-}
-
-fn clip_report(layout: &GradLayout, bytes: &[u8], clip: &ClipNorm) -> ClipReport {
-    let g = gpu();
-    let buf = common::buffers::upload_bytes(&g.device, bytes);
-    let set = g.clipper.bind_as(&buf, layout, GradType::F32).unwrap();
-    assert_eq!(
-        set.chunk_elements() as usize,
-        CHUNK,
-        "the layout is built for chunks of {CHUNK} elements"
-    );
-    let mut encoder = g.device.create_command_encoder(&Default::default());
-    set.clip_norm(&mut encoder, clip).unwrap();
-    g.queue.submit([encoder.finish()]);
-    let report = pollster::block_on(set.read_report()).unwrap();
-    assert_no_wgpu_errors();
-    report
 }
