@@ -3,7 +3,8 @@
 # needs to run the benchmark and its PyTorch peer, into two ignored folders
 # that the device tool carries: .gl (the Vulkan loader and GL dispatch
 # libraries as .debs, from Debian's amd64 archive) and .gpu (the bench binary,
-# built here, since that machine has no Rust toolchain).
+# and the native test suite, built here, since that machine has no Rust
+# toolchain).
 # Then: device run, carry [".gl", ".gpu"], command "bash bench/gpu_run.sh".
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,5 +22,15 @@ fi
 cargo build --release --example bench
 mkdir -p .gpu
 cp target/release/examples/bench .gpu/bench
+# The native test suite too (one binary), with the path it reads tests/data
+# from, so that the run can check gradclip on that GPU's driver.
+suite=$(cargo test --release --no-run --test native --message-format=json 2>/dev/null \
+    | python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "native" and m.get("executable"):
+        print(m["executable"])')
+cp "$suite" .gpu/native
+pwd >.gpu/built_at
 du -sh .gl .gpu
 echo "ready: device run with carry [\".gl\", \".gpu\"] and command 'bash bench/gpu_run.sh'"

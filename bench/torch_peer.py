@@ -59,6 +59,22 @@ def sizes_of(args):
     return out
 
 
+def norm_p(norm):
+    """The p of a norm named as the bench names it: l2, inf, or pX (p3, p1.5)."""
+    if norm == "l2":
+        return 2.0
+    if norm == "inf":
+        return math.inf
+    if norm.startswith("p"):
+        try:
+            p = float(norm[1:])
+        except ValueError:
+            p = 0.0
+        if p > 0 and math.isfinite(p):
+            return p
+    raise SystemExit(f"not a norm: {norm!r} (l2, inf, or p followed by a positive number)")
+
+
 def even_sizes(n, t):
     q, r = divmod(n, t)
     return [q + (1 if i < r else 0) for i in range(t)]
@@ -115,7 +131,7 @@ class TorchBackend:
 
     def reference(self, pristine, norm):
         x = pristine.double()
-        return float(x.abs().max() if norm == "inf" else x.norm())
+        return float(x.abs().max() if norm == "inf" else x.norm(p=norm_p(norm)))
 
     def bind(self, pristine, sizes):
         torch = self.torch
@@ -129,7 +145,7 @@ class TorchBackend:
         bound["grads"].copy_(pristine)
 
     def clip(self, bound, max_norm, norm):
-        norm_type = math.inf if norm == "inf" else 2.0
+        norm_type = norm_p(norm)
         clip = self.torch.nn.utils.clip_grad_norm_
         if self.foreach:
             try:
@@ -221,8 +237,9 @@ class NumpyBackend:
         return ((self.rng.random(n, dtype=self.np.float32) - 0.5) * 0.02).astype(self.np.float32)
 
     def reference(self, pristine, norm):
-        x = pristine.astype(self.np.float64)
-        return float(self.np.abs(x).max() if norm == "inf" else self.np.sqrt((x * x).sum()))
+        x = self.np.abs(pristine.astype(self.np.float64))
+        p = norm_p(norm)
+        return float(x.max() if p == math.inf else (x**p).sum() ** (1 / p))
 
     def bind(self, pristine, sizes):
         grads = self.np.empty_like(pristine)
@@ -234,12 +251,13 @@ class NumpyBackend:
 
     def clip(self, bound, max_norm, norm):
         np = self.np
-        if norm == "inf":
+        p = norm_p(norm)
+        if p == math.inf:
             per = [np.abs(v).max() for v in bound["views"]]
             total = np.float32(max(per))
         else:
-            per = [np.sqrt(np.dot(v, v)) for v in bound["views"]]
-            total = np.float32(np.sqrt(np.dot(per, per)))
+            per = np.array([(np.abs(v) ** p).sum() ** (1 / p) for v in bound["views"]])
+            total = np.float32((per**p).sum() ** (1 / p))
         coef = np.float32(min(max_norm / (float(total) + 1e-6), 1.0))
         for v in bound["views"]:  # torch multiplies even when coef == 1
             v *= coef
@@ -275,7 +293,7 @@ def main():
     p.add_argument("--max-n", default="1e7", help="largest N; sizes are the decades from 1e5 up to it, plus it")
     p.add_argument("--sizes", help="explicit sizes, e.g. 1e5,3e6")
     p.add_argument("--tensors", default="1,100,10000")
-    p.add_argument("--norms", default="l2,inf")
+    p.add_argument("--norms", default="l2,inf", help="l2, inf, or pX as the bench names them (p3, p1.5)")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="sizes up to 1e6, one warm-up")
@@ -292,6 +310,8 @@ def main():
     sizes = sizes_of(args)
     tensor_counts = [int(t) for t in args.tensors.split(",")]
     norms = [n.strip().lower() for n in args.norms.split(",")]
+    for norm in norms:
+        norm_p(norm)
     adapter = be.adapter()
     print(f"adapter: {adapter['name']} ({adapter['backend']}, {adapter['driver']}); basis {be.basis}; "
           f"sizes {sizes}, tensors {tensor_counts}, norms {norms}, {args.reps} reps after {args.warmup} warm-up",
