@@ -102,9 +102,9 @@ fn factor(n: f32, threshold: f32) -> f32 {
         return 1.0;
     }
     if tf {
-        return select(threshold / n, 1.0, n <= threshold);
+        return select(rounded_divide(threshold, n), 1.0, n <= threshold);
     }
-    return min(threshold / (n + 1e-6), 1.0);
+    return min(rounded_divide(threshold, n + 1e-6), 1.0);
 }
 
 // adagc_step — reads: stats (the record_norm's state and per-tensor norms),
@@ -163,13 +163,11 @@ fn adagc_step(@builtin(local_invocation_index) lid: u32) {
         if found_inf {
             m = 1.0;
         } else if f != 0.0 && is_finite_f32(f) {
+            // The fractions are in [0.5, 1); twice them are mantissas.
             let parts = frexp(f);
-            m = parts.fract / unscale.fract;
-            e = parts.exp - unscale.exp;
-            if m < 1.0 {
-                m *= 2.0;
-                e -= 1;
-            }
+            let q = mantissa_quotient(2.0 * parts.fract, 2.0 * unscale.fract);
+            m = q.m;
+            e = parts.exp - unscale.exp - i32(q.below);
         }
         stats.tensors[i].coef_mant = m;
         stats.tensors[i].coef_exp = e;

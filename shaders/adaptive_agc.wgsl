@@ -164,7 +164,7 @@ fn agc_norms(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
         var factor = 1.0;
         // NaN norms fail the test and give a NaN factor, as in Optax.
         if is_nan(g_norm) || is_nan(max_norm) || !(g_norm < max_norm) {
-            factor = max_norm / maximum(g_norm, 1e-6);
+            factor = rounded_divide(max_norm, maximum(g_norm, 1e-6));
         }
         if lid == 0u {
             unit_stats[u] = UnitStat(g_norm, p_norm, max_norm, factor);

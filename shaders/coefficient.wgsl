@@ -98,11 +98,10 @@ fn divide(num: f32, dm: f32, de: i32) -> Factor {
 }
 
 // (nm * 2^ne) / (dm * 2^de) for mantissas in [1, 2): one rounding of the
-// mantissa quotient, brought back into [1, 2).
+// mantissa quotient, as f32 division rounds, brought back into [1, 2).
 fn quotient(nm: f32, ne: i32, dm: f32, de: i32) -> Factor {
-    let q = nm / dm; // in (0.5, 2)
-    let below = q < 1.0;
-    return Factor(select(q, q * 2.0, below), ne - de - i32(below));
+    let q = mantissa_quotient(nm, dm);
+    return Factor(q.m, ne - de - i32(q.below));
 }
 
 fn factor_f32(f: Factor) -> f32 {
@@ -186,7 +185,8 @@ fn clip_of(q: Partial, kind: u32, unscaling: bool, s: f32) -> Coefficient {
     // for the powers of two GradScaler keeps) and exponent arithmetic.
     var unscaled = NormValue(0.0, 0.0, 0);
     if nv.y != 0.0 {
-        unscaled = normalised(nv.y / d.m, nv.k - d.e);
+        let q = quotient(nv.y, nv.k, d.m, d.e);
+        unscaled = normalised(q.m, q.e);
     }
     let c = coefficient(unscaled, 0u);
     return Coefficient(c.norm, divide(c.factor.m, d.m, d.e - c.factor.e), c.scale_kind);

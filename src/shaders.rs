@@ -34,10 +34,20 @@ impl PassModule {
     }
 }
 
+/// `shaders/division.wgsl`: f32 division of mantissas rounded as IEEE 754
+/// rounds it, which WGSL's `/` is not held to. It needs `bits.wgsl`'s
+/// constants before it. Public so that tests can drive its correction with
+/// estimates a driver might return.
+pub const ROUNDED_DIVISION: &str = include_str!("../shaders/division.wgsl");
+
 const CLIP_STATE: (&str, &str) = ("clip_state.wgsl", crate::wgsl::CLIP_STATE);
-const BITS: (&str, &str) = ("bits.wgsl", include_str!("../shaders/bits.wgsl"));
+/// `shaders/bits.wgsl`: the f32 bit patterns (masks, constants) the passes
+/// test on integer bits, which [`ROUNDED_DIVISION`] needs before it.
+pub const F32_BITS: &str = include_str!("../shaders/bits.wgsl");
+const BITS: (&str, &str) = ("bits.wgsl", F32_BITS);
 const COMMON: (&str, &str) = ("common.wgsl", include_str!("../shaders/common.wgsl"));
 const FOLD: (&str, &str) = ("fold.wgsl", include_str!("../shaders/fold.wgsl"));
+const DIVISION: (&str, &str) = ("division.wgsl", ROUNDED_DIVISION);
 const COEFFICIENT: (&str, &str) = (
     "coefficient.wgsl",
     include_str!("../shaders/coefficient.wgsl"),
@@ -79,6 +89,7 @@ pub const REDUCE: PassModule = PassModule {
         COMMON,
         ELEM_F32,
         FOLD,
+        DIVISION,
         COEFFICIENT,
         REDUCE_FILE,
     ],
@@ -97,6 +108,7 @@ pub const FINALIZE: PassModule = PassModule {
         BITS,
         COMMON,
         FOLD,
+        DIVISION,
         COEFFICIENT,
         ("finalize.wgsl", include_str!("../shaders/finalize.wgsl")),
     ],
@@ -122,6 +134,7 @@ pub const REDUCE_F32_UNALIGNED: PassModule = PassModule {
         COMMON,
         ELEM_F32_UNALIGNED,
         FOLD,
+        DIVISION,
         COEFFICIENT,
         REDUCE_FILE,
     ],
@@ -147,6 +160,7 @@ pub const REDUCE_F16: PassModule = PassModule {
         COMMON,
         HALF,
         FOLD,
+        DIVISION,
         COEFFICIENT,
         REDUCE_FILE,
     ],
@@ -173,6 +187,7 @@ pub const REDUCE_F16_PACKED: PassModule = PassModule {
         PACKED16_F16,
         ELEM_PACKED16,
         FOLD,
+        DIVISION,
         COEFFICIENT,
         REDUCE_FILE,
     ],
@@ -207,6 +222,7 @@ pub const REDUCE_BF16_PACKED: PassModule = PassModule {
         PACKED16_BF16,
         ELEM_PACKED16,
         FOLD,
+        DIVISION,
         COEFFICIENT,
         REDUCE_FILE,
     ],
@@ -253,6 +269,7 @@ pub const ADAPTIVE_ADAGC: PassModule = PassModule {
     files: &[
         CLIP_STATE,
         BITS,
+        DIVISION,
         (
             "adaptive_adagc.wgsl",
             include_str!("../shaders/adaptive_adagc.wgsl"),
@@ -270,6 +287,7 @@ pub const ADAPTIVE_AGC: PassModule = PassModule {
     name: "gradclip adaptive agc",
     files: &[
         BITS,
+        DIVISION,
         HALF,
         (
             "adaptive_agc.wgsl",

@@ -17,6 +17,7 @@ mod breadth;
 mod chunks;
 mod configs;
 mod determinism;
+mod division;
 mod extremes;
 mod flat_walk;
 mod fused_sgd;
