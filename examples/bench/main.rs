@@ -75,6 +75,12 @@ struct Args {
     /// repetitions (implementation "gradclip-tensor-norms").
     #[arg(long)]
     tensor_norms: bool,
+    /// Also time every case's plain `clip_norm` between two timestamps
+    /// written around it (implementation "gradclip-whole"): the step as
+    /// users record it, without the timestamps that the "gradclip" row
+    /// writes between its passes. Needs TIMESTAMP_QUERY_INSIDE_ENCODERS.
+    #[arg(long)]
+    whole_step: bool,
     /// Add cases of this many one-element tensors (N = the count), e.g. 200000.
     #[arg(long)]
     one_element: Option<usize>,
@@ -367,7 +373,8 @@ pub struct CopyResult {
 #[derive(Serialize, Clone)]
 pub struct CaseResult {
     /// "gradclip", "gradclip-tensor-norms" (the same clip with
-    /// `tensor_norms(true)`), "naive" (a dispatch per tensor), "cpu" (Rust
+    /// `tensor_norms(true)`), "gradclip-whole" (the plain clip timed
+    /// without timestamps between its passes), "naive" (a dispatch per tensor), "cpu" (Rust
     /// loop), "torch".
     pub implementation: String,
     pub n: u64,
@@ -1321,6 +1328,7 @@ fn main() -> Res<()> {
                         buffers: &b,
                         set: &set,
                         tensor_norms: args.tensor_norms,
+                        whole_step: args.whole_step,
                         roofline: roof
                             .as_ref()
                             .map(|(set, reads, muls, powers)| RooflineCase {
@@ -1397,6 +1405,16 @@ fn main() -> Res<()> {
                             (samples, out),
                             device_copy,
                             rates,
+                        ));
+                    }
+                    if let Some(out) = m.whole_step {
+                        case.check("gradclip-whole", total, out.1, tol)?;
+                        results.push(case.result(
+                            "gradclip-whole",
+                            bench.gpu_basis,
+                            out,
+                            device_copy,
+                            plain_rates,
                         ));
                     }
                     if let Some(out) = m.naive {

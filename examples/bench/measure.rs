@@ -22,6 +22,9 @@ const POWER_STAMPS: u32 = 2;
 /// Begin and end of the records roofline's pass: a region of its own, read
 /// back only in the cases that time it (those with tensor norms).
 const RECORDS_STAMPS: u32 = 2;
+/// Written around the plain `clip_norm` of --whole-step: the step as
+/// users record it, without clip_norm_timed's timestamps between passes.
+const WHOLE_STAMPS: u32 = 2;
 const GRADCLIP_REGION: u32 = 0;
 const TENSOR_NORMS_REGION: u32 = GRADCLIP_REGION + GRADCLIP_STAMPS;
 const NAIVE_REGION: u32 = TENSOR_NORMS_REGION + GRADCLIP_STAMPS;
@@ -29,8 +32,9 @@ const COPY_REGION: u32 = NAIVE_REGION + NAIVE_STAMPS;
 const ROOFLINE_REGION: u32 = COPY_REGION + COPY_STAMPS;
 const POWER_REGION: u32 = ROOFLINE_REGION + ROOFLINE_STAMPS;
 const RECORDS_REGION: u32 = POWER_REGION + POWER_STAMPS;
+const WHOLE_REGION: u32 = RECORDS_REGION + RECORDS_STAMPS;
 /// Queries one repetition of a case can write.
-pub const STAMPS_PER_REP: u32 = RECORDS_REGION + RECORDS_STAMPS;
+pub const STAMPS_PER_REP: u32 = WHOLE_REGION + WHOLE_STAMPS;
 
 /// Each repetition's time, in seconds, from stamp `begin` to stamp
 /// `begin + 1` of its `per_rep` stamps (nanoseconds).
@@ -130,6 +134,9 @@ pub struct CaseInputs<'a> {
     pub set: &'a gradclip::GradSet,
     /// Also time the clip with `tensor_norms(true)`, in the same repetitions.
     pub tensor_norms: bool,
+    /// Also time the plain `clip_norm` between two encoder timestamps
+    /// (needs the GPU basis), in the same repetitions.
+    pub whole_step: bool,
     pub roofline: Option<RooflineCase<'a>>,
     pub naive: Option<(&'a naive::Naive, &'a naive::NaiveSet)>,
     pub cpu: Option<CpuCase<'a>>,
@@ -143,6 +150,8 @@ pub struct CaseSamples {
     pub gradclip: (Samples, (f32, f32)),
     /// The `tensor_norms(true)` clip, with its last report's tensor norms.
     pub tensor_norms: Option<(Samples, (f32, f32), Vec<f32>)>,
+    /// The plain `clip_norm`, timed whole (--whole-step).
+    pub whole_step: Option<(Samples, (f32, f32))>,
     /// Read and multiply roofline times, on the run's basis.
     pub read_roofline: Vec<f64>,
     pub multiply_roofline: Vec<f64>,
@@ -293,6 +302,14 @@ impl Bench {
         let queries = self.queries.as_ref().filter(|_| self.timestamps);
         let mut g = Samples::new(self.reps);
         let mut tn = c.tensor_norms.then(|| Samples::new(self.reps));
+        let whole_queries = queries.filter(|_| self.gpu_basis && c.whole_step);
+        if c.whole_step && whole_queries.is_none() {
+            return Err(
+                "--whole-step needs timestamps between commands (TIMESTAMP_QUERY_INSIDE_ENCODERS)"
+                    .into(),
+            );
+        }
+        let mut wh = whole_queries.map(|_| Samples::new(self.reps));
         let mut nv = c.naive.map(|_| Samples::new(self.reps));
         let mut cp = c.cpu.as_ref().map(|_| Samples::new(self.reps));
         let mut copy = Vec::with_capacity(self.reps);
@@ -301,7 +318,7 @@ impl Bench {
         let mut power_wall = Vec::new();
         let mut records_wall = Vec::with_capacity(self.reps);
         let mut cpu_out = (0.0, 0.0);
-        let (mut report, mut report_tn) = (None, None);
+        let (mut report, mut report_tn, mut report_wh) = (None, None, None);
 
         for r in 0..self.warmup + self.reps {
             let keep = r >= self.warmup;
@@ -349,6 +366,25 @@ impl Bench {
                 }
                 if last {
                     report_tn = Some(pollster::block_on(c.set.read_report())?);
+                }
+            }
+            if let (Some(s), Some(q)) = (wh.as_mut(), whole_queries) {
+                self.restore(b)?;
+                let mut enc = self.encoder("bench gradclip whole step");
+                let first = self.slot(WHOLE_REGION, WHOLE_STAMPS, r);
+                enc.write_timestamp(q, first);
+                let t0 = Instant::now();
+                c.set.clip_norm(&mut enc, &clip)?;
+                let record = t0.elapsed();
+                enc.write_timestamp(q, first + 1);
+                self.queue.submit([enc.finish()]);
+                self.wait()?;
+                if keep {
+                    s.record.push(record.as_secs_f64());
+                    s.wall.push(t0.elapsed().as_secs_f64());
+                }
+                if last {
+                    report_wh = Some(pollster::block_on(c.set.read_report())?);
                 }
             }
 
@@ -439,6 +475,9 @@ impl Bench {
             if let Some(s) = tn.as_mut() {
                 self.gradclip_passes(s, TENSOR_NORMS_REGION)?;
             }
+            if let Some(s) = wh.as_mut() {
+                s.add_stamps(&self.region(WHOLE_REGION, WHOLE_STAMPS)?, 2, &[None]);
+            }
             if let Some(s) = nv.as_mut() {
                 // Begin and end of the norms, total and scale passes.
                 let stamps = self.region(NAIVE_REGION, NAIVE_STAMPS)?;
@@ -461,6 +500,10 @@ impl Bench {
                 (Some(s), Some(rep)) => {
                     Some((s, (rep.total_norm, rep.coefficient), rep.tensor_norms))
                 }
+                _ => None,
+            },
+            whole_step: match (wh, report_wh) {
+                (Some(s), Some(rep)) => Some((s, (rep.total_norm, rep.coefficient))),
                 _ => None,
             },
             read_roofline,
