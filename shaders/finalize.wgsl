@@ -196,16 +196,10 @@ fn finish(q: Partial, kind: u32, per_tensor_clips: bool) {
 // Dispatch: (1, 1, 1). The reduction kind is the pipeline override KIND.
 @compute @workgroup_size(WG)
 fn finalize(@builtin(local_invocation_index) t: u32) {
-    var acc = vec3<f32>(0.0);
-    var flags = 0u;
     let range = all_chunks();
-    for (var c = range.x + t; c < range.y; c += WG) {
-        let q = load_partial(c);
-        acc = merge(KIND, acc, q.v);
-        flags |= q.flags;
-    }
-    wg_v[t] = acc;
-    wg_f[t] = flags;
+    let acc = fold_strided(KIND, range.x + t, range.y, WG);
+    wg_v[t] = acc.v;
+    wg_f[t] = acc.flags;
     tree_reduce(t, KIND);
     if t == 0u {
         var per_tensor_clips = false;

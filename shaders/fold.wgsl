@@ -51,10 +51,35 @@ fn merge(kind: u32, a: vec3<f32>, b: vec3<f32>) -> vec3<f32> {
 
 // Folds partials[begin .. end) in order.
 fn fold_range(kind: u32, begin: u32, end: u32) -> Partial {
+    return fold_strided(kind, begin, end, 1u);
+}
+
+fn merge_partial(kind: u32, a: Partial, b: Partial) -> Partial {
+    return Partial(merge(kind, a.v, b.v), a.flags | b.flags);
+}
+
+// Folds partials begin, begin + stride, ... below end, in that order, with
+// four loads issued before their merges: a GPU otherwise waits out each
+// load before the next (about 0.7 µs on an H200, where finalize's 30
+// partials an invocation at 2.5·10^8 elements took 24 µs, and tensor_stats
+// 1.3 ms for one tensor's 30 000). The merges keep their order, so the
+// result is the same bits.
+fn fold_strided(kind: u32, begin: u32, end: u32, stride: u32) -> Partial {
     var acc = Partial(vec3<f32>(0.0), 0u);
-    for (var c = begin; c < end; c++) {
-        let q = load_partial(c);
-        acc = Partial(merge(kind, acc.v, q.v), acc.flags | q.flags);
+    var c = begin;
+    // Partial counts are far below 2^32 / 4, so c + 3 * stride cannot wrap.
+    for (; c + 3u * stride < end; c += 4u * stride) {
+        let q0 = load_partial(c);
+        let q1 = load_partial(c + stride);
+        let q2 = load_partial(c + 2u * stride);
+        let q3 = load_partial(c + 3u * stride);
+        acc = merge_partial(kind, acc, q0);
+        acc = merge_partial(kind, acc, q1);
+        acc = merge_partial(kind, acc, q2);
+        acc = merge_partial(kind, acc, q3);
+    }
+    for (; c < end; c += stride) {
+        acc = merge_partial(kind, acc, load_partial(c));
     }
     return acc;
 }
