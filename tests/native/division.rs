@@ -31,6 +31,20 @@ fn divide_cases(@builtin(global_invocation_id) id: vec3<u32>) {
     }
     quotients[i] = vec2(bitcast<u32>(q.m), u32(q.below));
 }
+
+// Reads pairs[i] (x, y bits), writes divided[i] = rounded_divide(x, y)'s
+// bits; dispatch (ceil(pairs / 64), 1, 1).
+@group(0) @binding(2) var<storage, read> pairs: array<vec2<u32>>;
+@group(0) @binding(3) var<storage, read_write> divided: array<u32>;
+
+@compute @workgroup_size(64)
+fn divide_floats(@builtin(global_invocation_id) id: vec3<u32>) {
+    let i = id.x;
+    if i >= arrayLength(&pairs) {
+        return;
+    }
+    divided[i] = bitcast<u32>(rounded_divide(bitcast<f32>(pairs[i].x), bitcast<f32>(pairs[i].y)));
+}
 ";
 
 /// What the shader must return for nm / dm: IEEE's quotient brought into
@@ -80,7 +94,10 @@ fn pairs() -> Vec<(f32, f32)> {
 /// rounded quotient (crossing 1 where it is near).
 const OFFSETS: [i32; 12] = [-32, -5, -3, -2, -1, 0, 1, 2, 3, 5, 32, 0];
 
-fn run(cases: &[[u32; 4]]) -> Vec<[u32; 2]> {
+/// Runs `entry` of the harness over `input` (its binding: 0 for
+/// divide_cases, 2 for divide_floats); returns `out_words` words of its
+/// output binding (1 or 3).
+fn run(entry: &str, input: &[u32], items: usize, out_words: usize) -> Vec<u32> {
     use wgpu::util::DeviceExt;
     let gpu = common::gpu();
     let (device, queue) = (&gpu.device, &gpu.queue);
@@ -94,31 +111,32 @@ fn run(cases: &[[u32; 4]]) -> Vec<[u32; 2]> {
         label: Some("test rounded division"),
         layout: None,
         module: &module,
-        entry_point: Some("divide_cases"),
+        entry_point: Some(entry),
         compilation_options: Default::default(),
         cache: None,
     });
     let input = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-        label: Some("test division cases"),
-        contents: bytemuck::cast_slice(cases),
+        label: Some("test division input"),
+        contents: bytemuck::cast_slice(input),
         usage: wgpu::BufferUsages::STORAGE,
     });
     let output = device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("test division quotients"),
-        size: (cases.len() * 8) as u64,
+        label: Some("test division output"),
+        size: (out_words * 4) as u64,
         usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
         mapped_at_creation: false,
     });
+    let first = if entry == "divide_cases" { 0 } else { 2 };
     let bind = device.create_bind_group(&wgpu::BindGroupDescriptor {
         label: Some("test rounded division"),
         layout: &pipeline.get_bind_group_layout(0),
         entries: &[
             wgpu::BindGroupEntry {
-                binding: 0,
+                binding: first,
                 resource: input.as_entire_binding(),
             },
             wgpu::BindGroupEntry {
-                binding: 1,
+                binding: first + 1,
                 resource: output.as_entire_binding(),
             },
         ],
@@ -128,16 +146,15 @@ fn run(cases: &[[u32; 4]]) -> Vec<[u32; 2]> {
         let mut pass = encoder.begin_compute_pass(&Default::default());
         pass.set_pipeline(&pipeline);
         pass.set_bind_group(0, &bind, &[]);
-        pass.dispatch_workgroups(cases.len().div_ceil(64) as u32, 1, 1);
+        pass.dispatch_workgroups(items.div_ceil(64) as u32, 1, 1);
     }
     queue.submit([encoder.finish()]);
     if let Some(e) = pollster::block_on(scope.pop()) {
         panic!("test division shader: {e}");
     }
-    let words = common::download(device, queue, &output, cases.len() * 2);
-    words
-        .chunks_exact(2)
-        .map(|w| [w[0].to_bits(), w[1].to_bits()])
+    common::download(device, queue, &output, out_words)
+        .iter()
+        .map(|w| w.to_bits())
         .collect()
 }
 
@@ -157,10 +174,15 @@ fn mantissa_quotients_round_as_ieee_division_from_estimates_units_off() {
             ]);
         }
     }
-    let got = run(&cases);
+    let got = run(
+        "divide_cases",
+        cases.as_flattened(),
+        cases.len(),
+        2 * cases.len(),
+    );
     let mut wrong = Vec::new();
     let mut corrected = 0;
-    for (c, g) in cases.iter().zip(&got) {
+    for (c, g) in cases.iter().zip(got.chunks_exact(2)) {
         let (a, b) = (f32::from_bits(c[0]), f32::from_bits(c[1]));
         let (m, below) = expected(a, b);
         if c[2] != (a / b).to_bits() && c[3] == 0 {
@@ -188,6 +210,84 @@ fn mantissa_quotients_round_as_ieee_division_from_estimates_units_off() {
         "{} of {} quotients wrong, first: {:#?}",
         wrong.len(),
         cases.len(),
+        &wrong[..wrong.len().min(8)]
+    );
+}
+
+/// rounded_divide puts the mantissa quotient back together with the
+/// exponents: every positive normal x / y with a normal quotient must be
+/// the CPU's f32 division, and zero, infinite, NaN and negative operands
+/// and quotients that overflow what `/` gives.
+#[test]
+fn rounded_divide_is_ieee_division_across_exponents() {
+    let mut rng = Rng::new(0x0f1_0a75);
+    let mut pairs: Vec<[u32; 2]> = Vec::new();
+    let normal = |rng: &mut Rng, lo: u32, hi: u32| {
+        let e = lo + (rng.next_u64() % (hi - lo + 1) as u64) as u32;
+        (e << 23) | (rng.next_u64() as u32 & 0x007f_ffff)
+    };
+    for _ in 0..6000 {
+        // Exponents spread over the whole normal range, so quotients also
+        // fall outside it (the fallback) and right at its ends.
+        pairs.push([normal(&mut rng, 1, 254), normal(&mut rng, 1, 254)]);
+        // Quotients near 1, whose exponent depends on `below`.
+        let e = normal(&mut rng, 100, 150);
+        pairs.push([e, normal(&mut rng, (e >> 23) - 1, (e >> 23) + 1)]);
+    }
+    let one = 1f32.to_bits();
+    let specials = [
+        0,
+        0x0080_0000,
+        0x7f7f_ffff,
+        0x7f80_0000,
+        0x7fc0_0000,
+        0x8000_0000 | one,
+    ];
+    for &a in &specials {
+        for &b in &specials {
+            pairs.push([a, b]);
+        }
+        pairs.push([a, one]);
+        pairs.push([one, a]);
+    }
+    // Subnormal operands and quotients go to `/` unchanged, whose
+    // flushing (SwiftShader's) is no subject here.
+    let subnormal = |x: f32| x != 0.0 && x.abs() < f32::MIN_POSITIVE;
+    pairs.retain(|p| {
+        let (x, y) = (f32::from_bits(p[0]), f32::from_bits(p[1]));
+        !subnormal(x) && !subnormal(y) && !subnormal(x / y)
+    });
+    let got = run(
+        "divide_floats",
+        pairs.as_flattened(),
+        pairs.len(),
+        pairs.len(),
+    );
+    let mut wrong = Vec::new();
+    for (p, &g) in pairs.iter().zip(&got) {
+        let (x, y) = (f32::from_bits(p[0]), f32::from_bits(p[1]));
+        let want = x / y;
+        let same = g == want.to_bits() || (want.is_nan() && f32::from_bits(g).is_nan());
+        if !same {
+            wrong.push(format!(
+                "{x:e} / {y:e}: got {:e}, want {want:e}",
+                f32::from_bits(g)
+            ));
+        }
+    }
+    let normal_quotients = pairs
+        .iter()
+        .filter(|p| (f32::from_bits(p[0]) / f32::from_bits(p[1])).is_normal())
+        .count();
+    assert!(
+        normal_quotients > 6000,
+        "too few normal quotients: {normal_quotients}"
+    );
+    assert!(
+        wrong.is_empty(),
+        "{} of {} wrong, first: {:#?}",
+        wrong.len(),
+        pairs.len(),
         &wrong[..wrong.len().min(8)]
     );
 }
