@@ -156,33 +156,33 @@ fn workgroup_size(limits: &wgpu::Limits, device_type: wgpu::DeviceType) -> Resul
     Ok(size)
 }
 
-/// The device's adapter type. The browser's WebGPU may not expose the
-/// adapter behind a device (GPUDevice.adapterInfo is recent), so there it
-/// counts as a GPU.
-fn device_type(device: &wgpu::Device) -> wgpu::DeviceType {
-    #[cfg(target_arch = "wasm32")]
-    {
-        let _ = device;
-        wgpu::DeviceType::Other
-    }
-    #[cfg(not(target_arch = "wasm32"))]
-    {
-        device.adapter_info().device_type
-    }
+/// What the clipper's choices read from the device's adapter: its type,
+/// and the widest subgroup it reports (wgpu's default bounds where the
+/// backend has none: GL).
+struct AdapterTraits {
+    device_type: wgpu::DeviceType,
+    subgroup_max_size: u32,
 }
 
-/// The widest subgroup the device's adapter reports (wgpu's default
-/// bounds where the backend has none: GL). In the browser, as in
-/// [`device_type`], the adapter may be unknown: the widest wgpu allows.
-fn subgroup_max_size(device: &wgpu::Device) -> u32 {
+/// The browser's WebGPU may not expose the adapter behind a device
+/// (GPUDevice.adapterInfo is recent): there it counts as a GPU whose
+/// subgroups may be as wide as wgpu allows.
+fn adapter_traits(device: &wgpu::Device) -> AdapterTraits {
     #[cfg(target_arch = "wasm32")]
     {
         let _ = device;
-        wgpu::MAXIMUM_SUBGROUP_MAX_SIZE
+        AdapterTraits {
+            device_type: wgpu::DeviceType::Other,
+            subgroup_max_size: wgpu::MAXIMUM_SUBGROUP_MAX_SIZE,
+        }
     }
     #[cfg(not(target_arch = "wasm32"))]
     {
-        device.adapter_info().subgroup_max_size
+        let info = device.adapter_info();
+        AdapterTraits {
+            device_type: info.device_type,
+            subgroup_max_size: info.subgroup_max_size,
+        }
     }
 }
 
@@ -265,10 +265,13 @@ impl Clipper {
             limits.max_uniform_buffers_per_shader_stage as u64,
             2,
         )?;
-        let device_type = device_type(device);
+        let AdapterTraits {
+            device_type,
+            subgroup_max_size,
+        } = adapter_traits(device);
         let workgroup_size = workgroup_size(&limits, device_type)?;
         let stream_workgroup_size = match device_type {
-            wgpu::DeviceType::Cpu if subgroup_max_size(device) <= NARROW_SUBGROUP => {
+            wgpu::DeviceType::Cpu if subgroup_max_size <= NARROW_SUBGROUP => {
                 NARROW_CPU_STREAM_WORKGROUP_SIZE
             }
             wgpu::DeviceType::Cpu => CPU_STREAM_WORKGROUP_SIZE,
