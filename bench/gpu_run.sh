@@ -3,7 +3,8 @@
 # carried; see bench/gpu_prepare.sh and docs/benchmark.md). In one call, since
 # every start of that machine costs minutes of a short lease:
 #   1. the gradclip bench on Vulkan: L2 and Inf over SIZES x 1/100/10 000
-#      tensors, with and without tensor_norms (gradclip.{md,json,svg});
+#      tensors, with and without tensor_norms, and the plain clip_norm timed
+#      whole (gradclip.{md,json,svg});
 #   2. the bench's other cases: p = 3 and 1.5, and 200 000 one-element
 #      tensors (general.json, its table appended to gradclip.md);
 #   3. the PyTorch peer on CUDA over the cases of 1 and 2 (torch.json) and the
@@ -39,10 +40,17 @@ fi
 
 { date -u; uname -a; nvidia-smi; ldconfig -p | grep -E 'libvulkan|libEGL'; } >>"$log" 2>&1
 
+# 16 roofline shapes instead of the bench's 108: on the H200 compiling all
+# 108 per kind and size took most of a 200 s stage, and the winners there
+# at 10^8 elements and above (vec4, 2 or 4 accumulators, 64 or 256
+# invocations, 256 or 1024 workgroups, grid walk) are all among these.
+# ROOF_ARGS= tunes them all.
+roof=${ROOF_ARGS---roof-acc 2,4 --roof-wg 64,256 --roof-groups 256,1024 --roof-walks grid,invocation}
+
 stage "bench: L2 and Inf, sizes $SIZES"
 # shellcheck disable=SC2086
 WGPU_BACKEND=vulkan timeout "${BENCH_LIMIT:-240}" .gpu/bench $require_gpu --sizes "$SIZES" \
-    --norms l2,inf --tensor-norms --no-cpu ${BENCH_ARGS:-} \
+    --norms l2,inf --tensor-norms --whole-step --no-cpu $roof ${BENCH_ARGS:-} \
     --json "$OUT/gradclip.json" --svg "$OUT/gradclip.svg" \
     >"$OUT/gradclip.md" 2>>"$log"
 bench_rc=$?
@@ -52,7 +60,7 @@ stage "bench: p = 3 and 1.5, and one-element tensors"
 { echo; echo "# General p and one-element tensors"; echo; } >>"$OUT/gradclip.md"
 # shellcheck disable=SC2086
 WGPU_BACKEND=vulkan timeout "${GENERAL_LIMIT:-150}" .gpu/bench $require_gpu --sizes "$SIZES" \
-    --norms p3,p1.5 --one-element 200000 --no-cpu --naive none ${BENCH_ARGS:-} \
+    --norms p3,p1.5 --one-element 200000 --no-cpu --naive none $roof ${BENCH_ARGS:-} \
     --json "$OUT/general.json" >>"$OUT/gradclip.md" 2>>"$log"
 stage "bench (general p) exit $?"
 
