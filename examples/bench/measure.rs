@@ -213,19 +213,27 @@ impl Bench {
         self.read_timestamps(region * self.reps as u32, per_rep * self.reps as u32)
     }
 
-    /// Records one gradclip clip (with its timestamps from `first`, if the
-    /// device has timestamp queries), submits it and waits; returns
-    /// (record, record + submit + wait) host seconds.
+    /// Records one gradclip clip with its timestamps from `first`, if the
+    /// device has timestamp queries (between its passes, or with `whole`
+    /// only around the plain `clip_norm`, which needs timestamps between
+    /// commands), submits it and waits; returns (record, record + submit +
+    /// wait) host seconds.
     fn gradclip_step(
         &self,
         set: &gradclip::GradSet,
         clip: &gradclip::ClipNorm,
         first: u32,
+        whole: bool,
     ) -> Res<(f64, f64)> {
         let queries = self.queries.as_ref().filter(|_| self.timestamps);
         let mut enc = self.encoder("bench gradclip step");
         let t0 = Instant::now();
         match queries {
+            Some(q) if whole => {
+                enc.write_timestamp(q, first);
+                set.clip_norm(&mut enc, clip)?;
+                enc.write_timestamp(q, first + 1);
+            }
             Some(q) => set.clip_norm_timed(&mut enc, clip, q, first)?,
             None => set.clip_norm(&mut enc, clip)?,
         }
@@ -302,14 +310,13 @@ impl Bench {
         let queries = self.queries.as_ref().filter(|_| self.timestamps);
         let mut g = Samples::new(self.reps);
         let mut tn = c.tensor_norms.then(|| Samples::new(self.reps));
-        let whole_queries = queries.filter(|_| self.gpu_basis && c.whole_step);
-        if c.whole_step && whole_queries.is_none() {
+        if c.whole_step && !(queries.is_some() && self.gpu_basis) {
             return Err(
                 "--whole-step needs timestamps between commands (TIMESTAMP_QUERY_INSIDE_ENCODERS)"
                     .into(),
             );
         }
-        let mut wh = whole_queries.map(|_| Samples::new(self.reps));
+        let mut wh = c.whole_step.then(|| Samples::new(self.reps));
         let mut nv = c.naive.map(|_| Samples::new(self.reps));
         let mut cp = c.cpu.as_ref().map(|_| Samples::new(self.reps));
         let mut copy = Vec::with_capacity(self.reps);
@@ -344,8 +351,12 @@ impl Bench {
             // gradclip; the reports are read after the last repetition's
             // step, outside its timing, so that the checks see timed work.
             self.restore(b)?;
-            let (record, wall) =
-                self.gradclip_step(c.set, &clip, self.slot(GRADCLIP_REGION, GRADCLIP_STAMPS, r))?;
+            let (record, wall) = self.gradclip_step(
+                c.set,
+                &clip,
+                self.slot(GRADCLIP_REGION, GRADCLIP_STAMPS, r),
+                false,
+            )?;
             if keep {
                 g.record.push(record);
                 g.wall.push(wall);
@@ -359,6 +370,7 @@ impl Bench {
                     c.set,
                     &clip_tn,
                     self.slot(TENSOR_NORMS_REGION, GRADCLIP_STAMPS, r),
+                    false,
                 )?;
                 if keep {
                     s.record.push(record);
@@ -368,20 +380,17 @@ impl Bench {
                     report_tn = Some(pollster::block_on(c.set.read_report())?);
                 }
             }
-            if let (Some(s), Some(q)) = (wh.as_mut(), whole_queries) {
+            if let Some(s) = wh.as_mut() {
                 self.restore(b)?;
-                let mut enc = self.encoder("bench gradclip whole step");
-                let first = self.slot(WHOLE_REGION, WHOLE_STAMPS, r);
-                enc.write_timestamp(q, first);
-                let t0 = Instant::now();
-                c.set.clip_norm(&mut enc, &clip)?;
-                let record = t0.elapsed();
-                enc.write_timestamp(q, first + 1);
-                self.queue.submit([enc.finish()]);
-                self.wait()?;
+                let (record, wall) = self.gradclip_step(
+                    c.set,
+                    &clip,
+                    self.slot(WHOLE_REGION, WHOLE_STAMPS, r),
+                    true,
+                )?;
                 if keep {
-                    s.record.push(record.as_secs_f64());
-                    s.wall.push(t0.elapsed().as_secs_f64());
+                    s.record.push(record);
+                    s.wall.push(wall);
                 }
                 if last {
                     report_wh = Some(pollster::block_on(c.set.read_report())?);
