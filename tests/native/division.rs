@@ -94,10 +94,25 @@ fn pairs() -> Vec<(f32, f32)> {
 /// rounded quotient (crossing 1 where it is near).
 const OFFSETS: [i32; 12] = [-32, -5, -3, -2, -1, 0, 1, 2, 3, 5, 32, 0];
 
-/// Runs `entry` of the harness over `input` (its binding: 0 for
-/// divide_cases, 2 for divide_floats); returns `out_words` words of its
-/// output binding (1 or 3).
-fn run(entry: &str, input: &[u32], items: usize, out_words: usize) -> Vec<u32> {
+/// An entry point of the harness and its input binding (the output is
+/// the next one).
+struct Entry {
+    name: &'static str,
+    input_binding: u32,
+}
+
+const DIVIDE_CASES: Entry = Entry {
+    name: "divide_cases",
+    input_binding: 0,
+};
+const DIVIDE_FLOATS: Entry = Entry {
+    name: "divide_floats",
+    input_binding: 2,
+};
+
+/// Runs `entry` over `items` items of `input`; returns `out_words` words of
+/// its output binding.
+fn run(entry: Entry, input: &[u32], items: usize, out_words: usize) -> Vec<u32> {
     use wgpu::util::DeviceExt;
     let gpu = common::gpu();
     let (device, queue) = (&gpu.device, &gpu.queue);
@@ -111,7 +126,7 @@ fn run(entry: &str, input: &[u32], items: usize, out_words: usize) -> Vec<u32> {
         label: Some("test rounded division"),
         layout: None,
         module: &module,
-        entry_point: Some(entry),
+        entry_point: Some(entry.name),
         compilation_options: Default::default(),
         cache: None,
     });
@@ -126,7 +141,7 @@ fn run(entry: &str, input: &[u32], items: usize, out_words: usize) -> Vec<u32> {
         usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
         mapped_at_creation: false,
     });
-    let first = if entry == "divide_cases" { 0 } else { 2 };
+    let first = entry.input_binding;
     let bind = device.create_bind_group(&wgpu::BindGroupDescriptor {
         label: Some("test rounded division"),
         layout: &pipeline.get_bind_group_layout(0),
@@ -158,6 +173,16 @@ fn run(entry: &str, input: &[u32], items: usize, out_words: usize) -> Vec<u32> {
         .collect()
 }
 
+/// Fails with the count and the first few of the `wrong` results of `total`.
+fn assert_none_wrong(wrong: &[String], total: usize) {
+    assert!(
+        wrong.is_empty(),
+        "{} of {total} quotients wrong, first: {:#?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(8)]
+    );
+}
+
 #[test]
 fn mantissa_quotients_round_as_ieee_division_from_estimates_units_off() {
     let pairs = pairs();
@@ -175,7 +200,7 @@ fn mantissa_quotients_round_as_ieee_division_from_estimates_units_off() {
         }
     }
     let got = run(
-        "divide_cases",
+        DIVIDE_CASES,
         cases.as_flattened(),
         cases.len(),
         2 * cases.len(),
@@ -205,13 +230,7 @@ fn mantissa_quotients_round_as_ieee_division_from_estimates_units_off() {
         10 * pairs.len(),
         "estimates that needed correcting"
     );
-    assert!(
-        wrong.is_empty(),
-        "{} of {} quotients wrong, first: {:#?}",
-        wrong.len(),
-        cases.len(),
-        &wrong[..wrong.len().min(8)]
-    );
+    assert_none_wrong(&wrong, cases.len());
 }
 
 /// rounded_divide puts the mantissa quotient back together with the
@@ -258,7 +277,7 @@ fn rounded_divide_is_ieee_division_across_exponents() {
         !subnormal(x) && !subnormal(y) && !subnormal(x / y)
     });
     let got = run(
-        "divide_floats",
+        DIVIDE_FLOATS,
         pairs.as_flattened(),
         pairs.len(),
         pairs.len(),
@@ -283,11 +302,5 @@ fn rounded_divide_is_ieee_division_across_exponents() {
         normal_quotients > 6000,
         "too few normal quotients: {normal_quotients}"
     );
-    assert!(
-        wrong.is_empty(),
-        "{} of {} wrong, first: {:#?}",
-        wrong.len(),
-        pairs.len(),
-        &wrong[..wrong.len().min(8)]
-    );
+    assert_none_wrong(&wrong, pairs.len());
 }
