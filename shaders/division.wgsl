@@ -28,18 +28,27 @@ fn corrected_quotient(nm: f32, dm: f32, estimate: f32) -> MantissaQuotient {
     let b = (bitcast<u32>(dm) & MANT_MASK) | MIN_NORMAL_BITS;
     let below = a < b;
     let s = select(23u, 24u, below);
+    // Signed integers and power-of-two constants throughout: CPU drivers
+    // expand unsigned conversions and run integer division lane by lane.
+    // (On lavapipe an integer division here and u32 conversions made the
+    // per-tensor reduce of 200 000 one-element tensors, Inf clip, take
+    // 0.75 ms against 0.48-0.52 before the correction.)
     // The estimate in units of 2^-s: exact, a power-of-two scaling of a
-    // value in [0.25, 4] (the clamp keeps a wild driver's result in u32).
-    var q = u32(clamp(estimate, 0.25, 4.0) * f32(1u << s));
-    let r = bitcast<i32>((a << s) - b * q);
-    let bi = i32(b);
-    // r / b rounded to nearest, in integers (ties excluded above).
-    let steps = (2 * r + select(-bi, bi, r >= 0)) / (2 * bi);
+    // value in [0.25, 4] (the clamp keeps a wild driver's result in range).
+    var q = i32(clamp(estimate, 0.25, 4.0) * select(0x1p23f, 0x1p24f, below));
+    let r = bitcast<i32>((a << s) - b * bitcast<u32>(q));
+    let bi = bitcast<i32>(b);
+    // r / b rounded to nearest: by a float division, within one of it
+    // (|r / b| <= 64, and f32 holds r to 2^-24 of itself), then one exact
+    // step on the integer remainder (ties excluded above).
+    var steps = i32(round(f32(r) / f32(bi)));
+    let left = r - steps * bi;
+    steps += select(0, 1, 2 * left > bi) - select(0, 1, 2 * left < -bi);
     // The rounded q is in [2^23, 2^24): a quotient below 1 is at most
     // 1 - 1/b, more than half a unit (2^-25) below 1, so it never rounds up
     // to 1.
-    q = u32(i32(q) + steps);
-    return MantissaQuotient(bitcast<f32>(ONE_BITS | (q & MANT_MASK)), below);
+    q += steps;
+    return MantissaQuotient(bitcast<f32>(ONE_BITS | (bitcast<u32>(q) & MANT_MASK)), below);
 }
 
 // x / y rounded to nearest where x and y are positive normal floats and so
