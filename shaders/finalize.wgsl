@@ -41,10 +41,10 @@ fn valid_partial(q: Partial, kind: u32) -> bool {
 // that tensor_clip cannot take (a bit each in a u32).
 const STAT_BLOCK: u32 = 8u;
 
-// Tensor i's partial: its segments' partials, folded in order.
+// Tensor i's partial: its segments' partials, folded in finalize's order.
 fn tensor_partial(i: u32) -> Partial {
     let range = tensor_partials(i);
-    return fold_range(KIND, range.x, range.y);
+    return fold_tree(KIND, range.x, range.y);
 }
 
 // tensor_stats — reads: the partials of the segments of the tensors that
@@ -58,7 +58,7 @@ fn tensor_partial(i: u32) -> Partial {
 // on others, invocations striding over the list, up to STAT_BLOCK at a
 // time; recorded between the reduce and finalize passes when the clip
 // asks for per-tensor results. Every tensor's result depends only on its
-// own partials, folded in order.
+// own partials, folded in finalize's order (fold_tree).
 @compute @workgroup_size(WG)
 fn tensor_stats(@builtin(global_invocation_id) id: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
     let sc = stat_scale();

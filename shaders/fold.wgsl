@@ -49,9 +49,26 @@ fn merge(kind: u32, a: vec3<f32>, b: vec3<f32>) -> vec3<f32> {
     }
 }
 
-// Folds partials[begin .. end) in order.
-fn fold_range(kind: u32, begin: u32, end: u32) -> Partial {
-    return fold_strided(kind, begin, end, 1u);
+// Folds partials[begin .. end) in finalize's order, on one invocation:
+// invocation t of a workgroup folds begin + t, begin + t + WG, ...
+// (fold_strided), and tree_reduce merges those shares FOLD_FAN at a time.
+// A tensor's partials are folded so, and not front to back, because a
+// tensor alone in its layout then gets the global norm's bits as its own:
+// one million f32 elements clipped per tensor gave a factor one ulp off
+// the global clip's, and other bits in every gradient. Shares past the
+// range's end are empty and merging an empty one changes no bit, so only
+// the first min(n, WG) are folded, and n <= FOLD_FAN is front to back.
+fn fold_tree(kind: u32, begin: u32, end: u32) -> Partial {
+    let shares = min(end - begin, WG);
+    var total = Partial(vec3<f32>(0.0), 0u);
+    for (var g = 0u; g < shares; g += FOLD_FAN) {
+        var v = Partial(vec3<f32>(0.0), 0u);
+        for (var t = g; t < min(g + FOLD_FAN, shares); t++) {
+            v = merge_partial(kind, v, fold_strided(kind, begin + t, end, WG));
+        }
+        total = merge_partial(kind, total, v);
+    }
+    return total;
 }
 
 fn merge_partial(kind: u32, a: Partial, b: Partial) -> Partial {

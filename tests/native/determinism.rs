@@ -198,6 +198,95 @@ fn global_norm_ignores_per_tensor_options() {
     }
 }
 
+/// A tensor alone in its layout gets the global results as its own: its
+/// per-tensor norm and factor have the global norm's and factor's bits, and
+/// a per-tensor clip leaves the same gradient bits as the global clip, as
+/// in PyTorch, where the total of one tensor is that tensor's norm.
+///
+/// The tensor's partials (one per flat chunk) must be folded in the order
+/// finalize folds the chunks. The first layout shows any other order on
+/// every adapter: a 4096 in the first chunk and a 1 in each of the other 60,
+/// so each chunk's sum of squares is exact and one order of additions
+/// differs from another only in what rounds away against 2^24 (front to
+/// back, every 1 does). The second is gradients as they come, where an
+/// order front to back moved an L2 factor by an ulp on lavapipe.
+#[test]
+fn a_lone_tensor_gets_the_global_results() {
+    let g = gpu();
+    let n = 2_000_000;
+    let layout = GradLayout::from_sizes(&[n]).unwrap();
+    let probe = common::buffers::upload_bytes(&g.device, &vec![0; 4 * n]);
+    let chunk = g.clipper.bind(&probe, &layout).unwrap().chunk_elements() as usize;
+    let mut spikes = vec![0f32; n];
+    for i in (0..n).step_by(chunk) {
+        spikes[i] = 1.0;
+    }
+    spikes[0] = 4096.0;
+    assert!(
+        n.div_ceil(chunk) > 32,
+        "chunks of {chunk}: too few partials to fold"
+    );
+    let lone = |data: &[f32], what: &str, norms: &[Norm]| {
+        let layout = GradLayout::from_sizes(&[data.len()]).unwrap();
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        for &norm in norms {
+            let base = ClipNorm::new(1e-3).norm(norm);
+            let what = format!("{what}, {norm:?}");
+            let (global_clip, global_words) =
+                clip_once(&g.clipper, &layout, GradType::F32, bytes, &base);
+            let (per_tensor, per_tensor_words) = clip_once(
+                &g.clipper,
+                &layout,
+                GradType::F32,
+                bytes,
+                &base.per_tensor(true),
+            );
+            assert!(global_clip.coefficient < 1.0, "{what}: the clip must scale");
+            assert_eq!(
+                global(&global_clip),
+                global(&per_tensor),
+                "{what}: per_tensor(true) moved the global results"
+            );
+            assert_eq!(
+                (
+                    per_tensor.tensor_norms[0].to_bits(),
+                    per_tensor.tensor_coefficients[0].to_bits()
+                ),
+                (
+                    global_clip.total_norm.to_bits(),
+                    global_clip.coefficient.to_bits()
+                ),
+                "{what}: the tensor's norm and factor against the global ones ({:e}, {:e})",
+                per_tensor.tensor_norms[0],
+                global_clip.total_norm
+            );
+            assert!(
+                global_words == per_tensor_words,
+                "{what}: a per-tensor clip left other gradients"
+            );
+        }
+    };
+    let spiked = clip_once(
+        &g.clipper,
+        &layout,
+        GradType::F32,
+        bytemuck::cast_slice(&spikes),
+        &ClipNorm::new(1.0),
+    );
+    assert!(
+        spiked.0.total_norm > 4096.0,
+        "the 1s must not all round away in the global fold"
+    );
+    lone(&spikes, "a 4096 and a 1 a chunk", &[Norm::L2, Norm::P(3.0)]);
+    lone(&values(1_000_003, 3), "1 000 003 values", &NORMS);
+    lone(
+        &values(5_000_001, 5),
+        "5 000 001 values",
+        &[Norm::L2, Norm::P(1.5)],
+    );
+    assert_no_wgpu_errors();
+}
+
 /// f16 bits of `data` (round to nearest even by the `half` crate), packed
 /// as `bind_as` expects, padding elements holding a NaN that no pass may read.
 fn f16_bytes(layout: &GradLayout, data: &[f32]) -> Vec<u8> {
