@@ -75,8 +75,9 @@ struct Partial {
 // boundaries, at [chunk_count, chunk_count + flat_count), whose third word is
 // the index of their first segment; then, from word ranges_at, each tensor's
 // [begin, end) range of segments; from gaps_at, each flat chunk's gap; then
-// the split list where the reduce pass fuses some tensors (split_tensor),
-// and after it, from units_at, each flat chunk's unit run (unit_run).
+// the split list where the reduce pass fuses some tensors or some are long
+// (split_tensor), the long list (long_tensor), and after them, from
+// units_at, each flat chunk's unit run (unit_run).
 // Partials are indexed like the chunks.
 struct WindowInfo {
     chunk_begin: u32,      // this window's segments
@@ -92,6 +93,7 @@ struct WindowInfo {
     gaps_at: u32,          // word index of the flat chunks' gaps
     split_count: u32,      // tensors of tensor_stats (split_tensor)
     units_at: u32,         // word index of the flat chunks' unit runs (reduce.wgsl's unit_run)
+    long_count: u32,       // tensors of tensor_stats' workgroups (long_tensor)
 }
 
 // One clip's parameters. The host records a copy of them into this uniform
@@ -234,15 +236,23 @@ fn chunk_gap(c: u32) -> u32 {
     return plan[win.gaps_at + c - win.chunk_count];
 }
 
-// Entry k of the split list: a tensor whose norm and factor tensor_stats
-// folds from its segments' partials, any but a fused one (the reduce pass
-// gives those theirs: reduce.wgsl's FUSE). Where none is fused the table
-// holds no list, and entry k is tensor k: plan::Plan::split.
+// Entry k of the split list: a tensor whose norm and factor one invocation
+// of tensor_stats folds from its segments' partials, any but a fused one
+// (the reduce pass gives those theirs: reduce.wgsl's FUSE) or a long one.
+// Where none is fused or long the table holds no list, and entry k is
+// tensor k: plan::Plan::split.
 fn split_tensor(k: u32) -> u32 {
     if win.split_count == win.tensor_count {
         return k;
     }
     return plan[win.gaps_at + win.flat_count + k];
+}
+
+// Entry k of the long list: a tensor of more partials than a workgroup has
+// invocations, which a workgroup of tensor_stats folds (plan::Plan::long).
+// Where there is one, the split list is in the table before it.
+fn long_tensor(k: u32) -> u32 {
+    return plan[win.gaps_at + win.flat_count + win.split_count + k];
 }
 
 // The segments of flat chunk c (an absolute index), as [begin, end): from

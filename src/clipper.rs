@@ -112,6 +112,7 @@ struct Pipelines {
     finalize: [Lazy; Reduction::COUNT],
     finish: [Lazy; Reduction::COUNT],
     tensor_stats: [Lazy; Reduction::COUNT],
+    long_tensor_stats: [Lazy; Reduction::COUNT],
 }
 
 /// The passes that touch the gradients, for one element path: its two
@@ -328,6 +329,7 @@ impl Clipper {
             finalize: Default::default(),
             finish: Default::default(),
             tensor_stats: Default::default(),
+            long_tensor_stats: Default::default(),
         };
         catch.end()?;
         Ok(Self {
@@ -538,6 +540,12 @@ impl Inner {
     /// The per-tensor statistics pipeline for `r`.
     pub fn tensor_stats(&self, r: Reduction) -> Result<&wgpu::ComputePipeline> {
         self.finalize_module(&self.pipelines.tensor_stats, "tensor_stats", r)
+    }
+
+    /// The per-tensor statistics pipeline for `r`'s long tensors, a
+    /// workgroup each.
+    pub fn long_tensor_stats(&self, r: Reduction) -> Result<&wgpu::ComputePipeline> {
+        self.finalize_module(&self.pipelines.long_tensor_stats, "long_tensor_stats", r)
     }
 
     /// Entry point `entry` of the finalize module for `r`, from its cells.

@@ -163,7 +163,9 @@ impl ClipNorm {
     /// `GradientClipping::Norm`): coefficient `min(1, max_norm / (‖t‖ + 1e-6))`
     /// under PyTorch semantics, `max_norm / max(‖t‖, max_norm)` under
     /// TensorFlow's. The report still carries the global norm, and the
-    /// per-tensor norms and coefficients.
+    /// per-tensor norms and coefficients. A tensor alone in its layout gets
+    /// the global norm's and coefficient's bits as its own, so clipping it
+    /// per tensor leaves the same bits as clipping it globally.
     pub fn per_tensor(self, on: bool) -> Self {
         Self {
             per_tensor: on,

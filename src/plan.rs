@@ -260,11 +260,15 @@ pub(crate) struct Plan {
     /// several get their results from the reduce pass; 0 where none does.
     /// Set with `split` by [`fuse`](Self::fuse).
     pub fused_below: u32,
-    /// The split list: every tensor that is not fused, in order, whose
-    /// norm and factor the statistics pass folds from its segments'
-    /// partials (WGSL `split_tensor`). Empty where no tensor is fused: the
-    /// pass then takes tensor k as its k-th.
+    /// The split list: every tensor that is neither fused nor long, in
+    /// order, whose norm and factor one invocation of the statistics pass
+    /// folds from its segments' partials (WGSL `split_tensor`). Empty where
+    /// no tensor is fused or long: the pass then takes tensor k as its k-th.
     pub split: Vec<u32>,
+    /// The long list: every tensor that is not fused and has more partials
+    /// than `fuse`'s `long_above`, in order, whose partials a whole
+    /// workgroup of the statistics pass folds (WGSL `long_tensor`).
+    pub long: Vec<u32>,
     /// Each flat chunk's unit run, as [begin, end) indices of `chunks`
     /// (empty where it has none), where some tensor is fused; set by
     /// [`fuse`](Self::fuse) (see [`unit_run`](Self::unit_run)).
@@ -436,6 +440,7 @@ pub(crate) fn plan(
         tensor_chunks,
         fused_below: 0,
         split: Vec::new(),
+        long: Vec::new(),
         units: Vec::new(),
     })
 }
@@ -487,8 +492,11 @@ pub(crate) struct Bound {
     /// Workgroups of the per-tensor statistics pass (invocations striding
     /// over the split tensors, `tensors_per_invocation` each where there
     /// are that many), for workgroups of `workgroup_size` invocations; none
-    /// where every tensor is fused.
+    /// where every tensor is fused or long.
     pub tensor_stat_workgroups: u32,
+    /// Workgroups of the long tensors' statistics pass (workgroups striding
+    /// over the long list); none where it is empty.
+    pub long_stat_workgroups: u32,
 }
 
 impl Bound {
@@ -517,7 +525,12 @@ impl Bound {
             align,
         )?;
         let below = shaders::tiny_run(longest_chunk);
-        plan.fuse(below);
+        // A tensor of more partials than a workgroup has invocations is
+        // folded by a workgroup, as finalize folds the chunks, not by one
+        // invocation: on an H200 one invocation took 0.74-1.1 ms over the
+        // 7 630 partials of 2.5 * 10^8 elements, finalize 16-18 us. The bits
+        // are the same either way (fold.wgsl's fold_tree).
+        plan.fuse(below, workgroup_size);
         too_large("plan table bytes", 4 * plan.table_words_len(), max_binding)?;
         too_large(
             "partials bytes",
@@ -566,6 +579,7 @@ impl Bound {
             tensor_stat_workgroups: (plan.split_count() as u64)
                 .div_ceil(workgroup_size as u64 * tensors_per_invocation.max(1) as u64)
                 .min(cap as u64) as u32,
+            long_stat_workgroups: (plan.long.len() as u32).min(cap),
             plan,
         })
     }
@@ -596,6 +610,7 @@ impl Plan {
             + 2 * self.tensor_chunks.len() as u64
             + self.flat.len() as u64
             + self.split.len() as u64
+            + self.long.len() as u64
             + 2 * self.units.len() as u64
     }
 
@@ -610,9 +625,9 @@ impl Plan {
     }
 
     /// Word index of the flat chunks' unit runs in the table (after the
-    /// split list).
+    /// split and long lists).
     pub fn units_at(&self) -> u32 {
-        self.gaps_at() + (self.flat.len() + self.split.len()) as u32
+        self.gaps_at() + (self.flat.len() + self.split.len() + self.long.len()) as u32
     }
 
     /// Flat chunk k's gap: the length of its shortest segment that lies
@@ -650,23 +665,33 @@ impl Plan {
     }
 
     /// Fuses the tensors [`fused_with`](Self::fused_with) `below` picks, if
-    /// any: sets `fused_below` (the `FUSE` override goes with it) and the
-    /// split list of the others; none fused, neither.
-    pub fn fuse(&mut self, below: u32) {
+    /// any: sets `fused_below` (the `FUSE` override goes with it) and their
+    /// unit runs; none fused, neither. Of the others, those of more than
+    /// `long_above` partials go to the long list and the rest to the split
+    /// list, which is left empty where every tensor would be on it.
+    pub fn fuse(&mut self, below: u32, long_above: u32) {
         let fused = self.fused_with(below);
-        if fused.contains(&true) {
+        let any_fused = fused.contains(&true);
+        if any_fused {
             self.fused_below = below;
-            self.split = (0..fused.len() as u32)
-                .filter(|&t| !fused[t as usize])
-                .collect();
             self.units = (0..self.flat.len())
                 .map(|k| self.unit_run(k, &fused))
                 .collect();
         } else {
             self.fused_below = 0;
-            self.split.clear();
             self.units.clear();
         }
+        let long = |t: u32| {
+            let (begin, end) = self.tensor_chunks[t as usize];
+            end - begin > long_above
+        };
+        let unfused = (0..fused.len() as u32).filter(|&t| !fused[t as usize]);
+        self.long = unfused.clone().filter(|&t| long(t)).collect();
+        self.split = if any_fused || !self.long.is_empty() {
+            unfused.filter(|&t| !long(t)).collect()
+        } else {
+            Vec::new()
+        };
     }
 
     /// Flat chunk k's unit run: its longest run of segments that are each
@@ -726,10 +751,10 @@ impl Plan {
         (first, end)
     }
 
-    /// Tensors of the statistics pass: the split list's, or every tensor
-    /// where none is fused.
+    /// Tensors of the statistics pass's invocations: the split list's, or
+    /// every tensor where none is fused or long.
     pub fn split_count(&self) -> u32 {
-        if self.fused_below == 0 {
+        if self.fused_below == 0 && self.long.is_empty() {
             self.tensor_chunks.len() as u32
         } else {
             self.split.len() as u32
@@ -739,8 +764,8 @@ impl Plan {
     /// The plan table the shaders read: per-tensor chunks, flat chunks (three
     /// words each), each tensor's range of partials (its per-tensor
     /// chunks), each flat chunk's gap, then the split list where some
-    /// tensor is fused, and then each flat chunk's unit run. Never empty: a
-    /// binding cannot be.
+    /// tensor is fused or long, the long list, and then each flat chunk's
+    /// unit run. Never empty: a binding cannot be.
     pub fn table_words(&self) -> Vec<u32> {
         let mut words = Vec::with_capacity(self.table_words_len().max(1) as usize);
         for c in self.chunks.iter().chain(&self.flat) {
@@ -751,6 +776,7 @@ impl Plan {
         }
         words.extend((0..self.flat.len()).map(|k| self.gap(k)));
         words.extend(&self.split);
+        words.extend(&self.long);
         words.extend(self.units.iter().flat_map(|&(begin, end)| [begin, end]));
         if words.is_empty() {
             words.push(0);
@@ -828,7 +854,7 @@ mod tests {
         assert_eq!((plan.fused_below, plan.split_count()), (0, 7));
         assert!(plan.split.is_empty());
         assert_eq!(plan.table_words().len() as u64, plan.table_words_len());
-        plan.fuse(11);
+        plan.fuse(11, u32::MAX);
         let fused = plan.fused_with(11);
         assert_eq!(fused, [true, false, false, false, true, false, false]);
         assert_eq!((plan.fused_below, plan.split_count()), (11, 5));
@@ -839,18 +865,56 @@ mod tests {
             &words[plan.gaps_at() as usize + plan.flat.len()..plan.units_at() as usize],
             &plan.split[..]
         );
-        plan.fuse(51);
+        plan.fuse(51, u32::MAX);
         assert_eq!(plan.split, [2, 3, 5, 6]);
         // Nothing below 5 elements: nothing fused, no list.
-        plan.fuse(5);
+        plan.fuse(5, u32::MAX);
         assert_eq!((plan.fused_below, plan.split_count()), (0, 7));
         assert!(plan.split.is_empty());
         // A tensor alone in its flat chunk keeps its partial: the reduce
         // pass stores a one-segment chunk's own.
         let layout = GradLayout::from_sizes(&[5]).unwrap();
         let mut alone = super::plan(&layout, &packed(&layout), 64, 1 << 20, 16).unwrap();
-        alone.fuse(11);
+        alone.fuse(11, u32::MAX);
         assert_eq!((alone.fused_below, alone.split_count()), (0, 1));
+    }
+
+    #[test]
+    fn long_tensors_leave_the_split_list_for_the_long_list() {
+        // Chunks of 64: tensors 3 [60, 80), 5 [85, 185) and 6 [185, 215)
+        // cross chunk ends (two segments each), the others are one.
+        let layout = GradLayout::from_sizes(&[10, 50, 0, 20, 5, 100, 30]).unwrap();
+        let mut plan = plan(&layout, &packed(&layout), 64, 1 << 20, 16).unwrap();
+        let partials: Vec<u32> = plan.tensor_chunks.iter().map(|&(b, e)| e - b).collect();
+        assert_eq!(partials, [1, 1, 0, 2, 1, 2, 2]);
+        plan.fuse(11, 1);
+        assert_eq!((plan.fused_below, plan.split_count()), (11, 2));
+        assert_eq!(
+            (&plan.split[..], &plan.long[..]),
+            (&[1, 2][..], &[3, 5, 6][..])
+        );
+        let words = plan.table_words();
+        assert_eq!(words.len() as u64, plan.table_words_len());
+        let split_at = plan.gaps_at() as usize + plan.flat.len();
+        assert_eq!(&words[split_at..split_at + 2], &plan.split[..]);
+        assert_eq!(
+            &words[split_at + 2..plan.units_at() as usize],
+            &plan.long[..]
+        );
+        // Nothing fused: the split list is still written out, without the
+        // long tensors, so that entry k is no longer tensor k.
+        plan.fuse(5, 1);
+        assert_eq!((plan.fused_below, plan.split_count()), (0, 4));
+        assert_eq!(
+            (&plan.split[..], &plan.long[..]),
+            (&[0, 1, 2, 4][..], &[3, 5, 6][..])
+        );
+        assert_eq!(plan.table_words().len() as u64, plan.table_words_len());
+        // None long, none fused: no list, every tensor the pass's own.
+        plan.fuse(5, 2);
+        assert_eq!((plan.fused_below, plan.split_count()), (0, 7));
+        assert!(plan.split.is_empty() && plan.long.is_empty());
+        assert_eq!(plan.table_words().len() as u64, plan.table_words_len());
     }
 
     #[test]
@@ -871,7 +935,7 @@ mod tests {
         sizes.push(200);
         let layout = GradLayout::from_sizes(&sizes).unwrap();
         let mut plan = plan(&layout, &packed(&layout), 64, 1 << 20, 16).unwrap();
-        plan.fuse(11);
+        plan.fuse(11, u32::MAX);
         let tensor = |s: u32| plan.chunks[s as usize].tensor;
         let start = |s: u32| plan.chunks[s as usize].start;
         assert_eq!(
@@ -910,9 +974,9 @@ mod tests {
         // Fusing only one-element tensors gives the same runs; nothing
         // fused, none.
         let units = plan.units.clone();
-        plan.fuse(2);
+        plan.fuse(2, u32::MAX);
         assert_eq!(plan.units, units);
-        plan.fuse(1);
+        plan.fuse(1, u32::MAX);
         assert!(plan.units.is_empty());
         assert_eq!(plan.table_words().len() as u64, plan.table_words_len());
     }

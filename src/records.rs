@@ -58,8 +58,12 @@ pub struct WindowInfo {
     /// (`Plan::split`).
     pub split_count: u32,
     /// Word index of the flat chunks' unit runs in the plan table (after
-    /// the split list; only where some tensor is fused, `Plan::units`).
+    /// the split and long lists; only where some tensor is fused,
+    /// `Plan::units`).
     pub units_at: u32,
+    /// Tensors of the statistics pass's workgroups: those of the plan
+    /// table's long list, after the split list (`Plan::long`).
+    pub long_count: u32,
 }
 
 /// WGSL `ClipConfig`: one clip's parameters, copied into the set's config
@@ -238,7 +242,8 @@ pub fn layouts() -> Vec<RecordLayout> {
             ranges_at,
             gaps_at,
             split_count,
-            units_at
+            units_at,
+            long_count
         }),
         record!(ClipConfig {
             semantics,

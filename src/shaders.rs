@@ -112,7 +112,12 @@ pub const FINALIZE: PassModule = PassModule {
         COEFFICIENT,
         ("finalize.wgsl", include_str!("../shaders/finalize.wgsl")),
     ],
-    entry_points: &["finalize", "finish_supplied", "tensor_stats"],
+    entry_points: &[
+        "finalize",
+        "finish_supplied",
+        "long_tensor_stats",
+        "tensor_stats",
+    ],
     shader_f16: false,
 };
 

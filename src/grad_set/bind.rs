@@ -59,6 +59,8 @@ pub(super) struct Bindings {
     pub tensor_workgroups: u32,
     /// Workgroups of the per-tensor statistics pass.
     pub tensor_stat_workgroups: u32,
+    /// Workgroups of the long tensors' statistics pass.
+    pub long_stat_workgroups: u32,
     /// The gradient buffers, checked before each clip (mapped or destroyed
     /// buffers would make the caller's submission fail).
     pub buffers: Vec<wgpu::Buffer>,
@@ -129,6 +131,7 @@ impl Bindings {
         self.fold_lists = bound.fold_lists;
         self.tensor_workgroups = bound.workgroups;
         self.tensor_stat_workgroups = bound.tensor_stat_workgroups;
+        self.long_stat_workgroups = bound.long_stat_workgroups;
         self.buffers = placed.buffers.iter().map(|b| (*b).clone()).collect();
         self.placements = placed.placements.clone();
         self.windows = windows;
@@ -321,6 +324,7 @@ fn record_bytes(bound: &Bound, uniform_stride: u64) -> Vec<u8> {
     let plan = &bound.plan;
     let chunk_count = plan.chunks.len() as u32;
     let split_count = plan.split_count();
+    let long_count = plan.long.len() as u32;
     let info = |w: &crate::plan::Window| WindowInfo {
         chunk_begin: w.chunk_begin,
         chunk_end: w.chunk_end,
@@ -335,6 +339,7 @@ fn record_bytes(bound: &Bound, uniform_stride: u64) -> Vec<u8> {
         gaps_at: plan.gaps_at(),
         split_count,
         units_at: plan.units_at(),
+        long_count,
     };
     let empty = WindowInfo {
         tensor_count: plan.tensor_chunks.len() as u32,
@@ -342,6 +347,7 @@ fn record_bytes(bound: &Bound, uniform_stride: u64) -> Vec<u8> {
         gaps_at: plan.gaps_at(),
         split_count,
         units_at: plan.units_at(),
+        long_count,
         ..WindowInfo::default()
     };
     let infos: Vec<WindowInfo> = if plan.windows.is_empty() {
@@ -513,6 +519,7 @@ fn bindings(
         fold_lists: bound.fold_lists,
         tensor_workgroups: bound.workgroups,
         tensor_stat_workgroups: bound.tensor_stat_workgroups,
+        long_stat_workgroups: bound.long_stat_workgroups,
         buffers: placed.buffers.iter().map(|b| (*b).clone()).collect(),
         placements: placed.placements.clone(),
         windows,

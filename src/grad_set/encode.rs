@@ -525,6 +525,9 @@ impl GradSet {
         }
         if per_tensor(config) {
             self.inner.tensor_stats(reduction)?;
+            if self.bound.long_stat_workgroups > 0 {
+                self.inner.long_tensor_stats(reduction)?;
+            }
         }
         self.inner.finalize(reduction)?;
         Ok(())
@@ -602,6 +605,10 @@ impl GradSet {
             // is not 1.
             pass.set_pipeline(self.inner.tensor_stats(reduction)?);
             pass.dispatch_workgroups(self.bound.tensor_stat_workgroups, 1, 1);
+        }
+        if per_tensor(config) && self.bound.long_stat_workgroups > 0 {
+            pass.set_pipeline(self.inner.long_tensor_stats(reduction)?);
+            pass.dispatch_workgroups(self.bound.long_stat_workgroups, 1, 1);
         }
         pass.set_pipeline(self.inner.finalize(reduction)?);
         pass.dispatch_workgroups(1, 1, 1);

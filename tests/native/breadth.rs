@@ -642,6 +642,70 @@ fn per_tensor_norms_keep_their_bits_whichever_path_takes_them() {
 }
 
 #[test]
+fn long_tensors_fold_on_a_workgroup_each() {
+    // A tensor of more partials than a workgroup has invocations is folded
+    // by a workgroup of tensor_stats, the others by one invocation each
+    // (or by the reduce pass, fused). Three long tensors, one ordinary, one
+    // huge and one tiny (Blue's big and small bins, p-sums far from 1),
+    // between tensors of every other kind; a subnormal max_norm sends every
+    // tensor to clip_of, which must give the plain path's bits.
+    let g = gpu();
+    let wg = g.clipper.workgroup_size() as usize;
+    let long = (wg + 3) * 32768;
+    let sizes = [3, long, 5, 40_000, long + 1, 1, 1, 1, long + 2, 7];
+    let starts = starts_of(&sizes);
+    let mut data = values(sizes.iter().sum(), 31);
+    for (t, scale) in [(4, 1e30f32), (8, 1e-30)] {
+        for x in &mut data[starts[t]..starts[t] + sizes[t]] {
+            *x *= scale;
+        }
+    }
+    let layout = GradLayout::from_sizes(&sizes).unwrap();
+    let buffer = upload(&g.device, &data);
+    let chunk = g.clipper.bind(&buffer, &layout).unwrap().chunk_elements() as usize;
+    drop(buffer);
+    assert!(
+        long / chunk > wg,
+        "chunks of {chunk}: {long} elements are not long for workgroups of {wg}"
+    );
+    for order in [Order::L2, Order::Inf, Order::P(3.0), Order::P(1.5)] {
+        let what = format!("{order:?}");
+        let clip = |max_norm: f32| {
+            let clip = ClipNorm::new(max_norm)
+                .norm(order.to_norm())
+                .per_tensor(true);
+            let (report, after) = run_clip(&data, &sizes, |set, enc| set.clip_norm(enc, &clip));
+            (report.unwrap(), after)
+        };
+        let (plain, after) = clip(0.25);
+        let (general, _) = clip(1e-40);
+        for (t, (&a, &b)) in plain
+            .tensor_norms
+            .iter()
+            .zip(&general.tensor_norms)
+            .enumerate()
+        {
+            assert_eq!(
+                a.to_bits(),
+                b.to_bits(),
+                "{what}: tensor {t}, {a:e} vs clip_of's {b:e}"
+            );
+        }
+        let (want_norms, want) = per_tensor_reference(&data, &sizes, order, 0.25, false);
+        for (t, &want) in want_norms.iter().enumerate() {
+            let got = plain.tensor_norms[t] as f64;
+            assert!(
+                rel_diff(got, want) <= 1e-5,
+                "{what}: tensor {t} ({} elements) norm {got:e} vs {want:e}",
+                sizes[t]
+            );
+        }
+        assert_close(&after, &want, 1e-5, &what);
+    }
+    assert_no_wgpu_errors();
+}
+
+#[test]
 fn tracked_segments_a_fast_path_declines_are_folded_exactly() {
     // 40 tensors of 200 to 299 elements make one flat chunk whose every
     // segment the reduce pass folds in its flat walk, on GPUs and CPU
