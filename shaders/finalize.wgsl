@@ -6,6 +6,11 @@
 // state (including the scale pass's indirect dispatch, zero workgroups when
 // nothing needs to change) and the step's entry of the report log. Reduction kinds: 0 = L2, 1 = Inf, 2 = general p.
 
+// The scale pass's indirect arguments, written with stats.state.dispatch:
+// that pass reads them from here, a buffer its bind groups leave out,
+// because a dispatch may not take its arguments from a buffer it can write.
+@group(0) @binding(6) var<storage, read_write> scale_dispatch: array<u32, 3>;
+
 // Whether a supplied total can come out of a reduction of `kind`: the same
 // rules as NormPartial::from_bytes and NormPartial::check on the host, so the
 // GPU and the CPU agree on which partials they accept.
@@ -179,6 +184,7 @@ fn finish(q: Partial, kind: u32, per_tensor_clips: bool) {
         st.unscaled_by = 1.0;
         st.dispatch = array<u32, 3>(0u, 1u, 1u);
         stats.state = st;
+        scale_dispatch = st.dispatch;
         write_log(LogEntry(st, q));
         return;
     }
@@ -219,14 +225,16 @@ fn finish(q: Partial, kind: u32, per_tensor_clips: bool) {
     }
     st.dispatch = array<u32, 3>(select(0u, stride_workgroups(), scale), 1u, 1u);
     stats.state = st;
+    scale_dispatch = st.dispatch;
     write_log(LogEntry(st, q));
 }
 
 // finalize — reads: partials of all_chunks() from the reduce pass, cfg,
 // stats.state's loss scale and stats.scaler, and when cfg.flags asks for
 // per-tensor results stats.tensors_clipped (from tensor_stats).
-// Writes: stats.state, stats.partial, stats.log[cfg.step % LOG_LEN], and
-// stats.tensors_step when per-tensor results were asked for.
+// Writes: stats.state, scale_dispatch, stats.partial,
+// stats.log[cfg.step % LOG_LEN], and stats.tensors_step when per-tensor
+// results were asked for.
 // Dispatch: (1, 1, 1). The reduction kind is the pipeline override KIND.
 @compute @workgroup_size(WG)
 fn finalize(@builtin(local_invocation_index) t: u32) {
@@ -251,7 +259,8 @@ fn finalize(@builtin(local_invocation_index) t: u32) {
 
 // finish_supplied — reads: cfg.supplied (a total combined across shards,
 // recorded by the host or copied from the caller's buffer), cfg, stats.state's
-// loss scale and stats.scaler. Writes: stats.state, stats.partial, stats.log[cfg.step % LOG_LEN].
+// loss scale and stats.scaler. Writes: stats.state, scale_dispatch, stats.partial,
+// stats.log[cfg.step % LOG_LEN].
 // Dispatch: (1, 1, 1); one invocation works. The reduction kind is the pipeline override KIND.
 @compute @workgroup_size(WG)
 fn finish_supplied(@builtin(local_invocation_index) t: u32) {

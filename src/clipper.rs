@@ -12,7 +12,7 @@ use crate::config::Reduction;
 use crate::dtype::{ElementPath, GradType};
 use crate::error::{Error, Result};
 use crate::gpu_errors::{check_alive, Catch};
-use crate::records::{ClipConfig, TensorStat, WindowInfo, STATS_HEAD_SIZE};
+use crate::records::{ClipConfig, TensorStat, WindowInfo, DISPATCH_SIZE, STATS_HEAD_SIZE};
 use crate::shaders::{self, PassModule};
 use crate::upload::Uploads;
 
@@ -70,10 +70,14 @@ pub(crate) struct Inner {
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
     pub bind_group_layout: wgpu::BindGroupLayout,
+    /// The scale and clamp passes': `bind_group_layout` without binding 6,
+    /// the scale dispatch's indirect arguments.
+    pub stream_bind_group_layout: wgpu::BindGroupLayout,
     /// One storage binding: a bind group of a buffer on it validates only
     /// where that buffer belongs (see [`Inner::check_owns`]).
     probe_layout: wgpu::BindGroupLayout,
     pipeline_layout: wgpu::PipelineLayout,
+    stream_pipeline_layout: wgpu::PipelineLayout,
     pipelines: Pipelines,
     /// Staging buffers that carry each clip's parameters into its encoder.
     pub uploads: Uploads,
@@ -313,8 +317,40 @@ impl Clipper {
                 },
                 uniform_entry::<WindowInfo>(4),
                 uniform_entry::<ClipConfig>(5),
+                // finalize's copy of the scale pass's indirect arguments
+                wgpu::BindGroupLayoutEntry {
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Storage { read_only: false },
+                        has_dynamic_offset: false,
+                        min_binding_size: wgpu::BufferSize::new(DISPATCH_SIZE),
+                    },
+                    ..storage_entry(6, false)
+                },
             ],
         });
+        // The scale and clamp passes bind all but the indirect arguments: a
+        // dispatch may not read its arguments from a buffer it can write.
+        let stream_bind_group_layout =
+            device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some("gradclip stream bind group layout"),
+                entries: &[
+                    storage_entry(0, false),
+                    storage_entry(1, true),
+                    storage_entry(2, false),
+                    wgpu::BindGroupLayoutEntry {
+                        ty: wgpu::BindingType::Buffer {
+                            ty: wgpu::BufferBindingType::Storage { read_only: false },
+                            has_dynamic_offset: false,
+                            min_binding_size: wgpu::BufferSize::new(
+                                STATS_HEAD_SIZE + size_of::<TensorStat>() as u64,
+                            ),
+                        },
+                        ..storage_entry(3, false)
+                    },
+                    uniform_entry::<WindowInfo>(4),
+                    uniform_entry::<ClipConfig>(5),
+                ],
+            });
         let probe_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
             label: Some("gradclip device probe layout"),
             entries: &[storage_entry(0, true)],
@@ -324,6 +360,12 @@ impl Clipper {
             bind_group_layouts: &[Some(&bind_group_layout)],
             immediate_size: 0,
         });
+        let stream_pipeline_layout =
+            device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some("gradclip stream pipeline layout"),
+                bind_group_layouts: &[Some(&stream_bind_group_layout)],
+                immediate_size: 0,
+            });
         let pipelines = Pipelines {
             module: create_module(device, &shaders::FINALIZE),
             finalize: Default::default(),
@@ -337,8 +379,10 @@ impl Clipper {
                 device: device.clone(),
                 queue: queue.clone(),
                 bind_group_layout,
+                stream_bind_group_layout,
                 probe_layout,
                 pipeline_layout,
+                stream_pipeline_layout,
                 pipelines,
                 uploads: Uploads::new(device),
                 element_pipelines: Default::default(),
@@ -458,9 +502,13 @@ impl Inner {
             return Ok(made);
         }
         let catch = Catch::begin(&self.device);
+        let layout = match specialised {
+            Specialised::Stream => &self.stream_pipeline_layout,
+            _ => &self.pipeline_layout,
+        };
         let made = make_pipeline(
             &self.device,
-            &self.pipeline_layout,
+            layout,
             module,
             entry,
             (

@@ -534,12 +534,7 @@ impl Bench {
             g.add_stamps(
                 &stamps,
                 5,
-                &[
-                    Some("reduce"),
-                    Some("finalize"),
-                    Some("args_copy"),
-                    Some("scale"),
-                ],
+                &[Some("reduce"), Some("finalize"), Some("gap"), Some("scale")],
             );
         } else {
             let merged: Vec<f64> = stamps
@@ -549,7 +544,7 @@ impl Bench {
             g.add_stamps(
                 &merged,
                 4,
-                &[Some("reduce+finalize"), Some("args_copy"), Some("scale")],
+                &[Some("reduce+finalize"), Some("gap"), Some("scale")],
             );
         }
         Ok(())

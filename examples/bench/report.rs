@@ -195,7 +195,7 @@ pub fn markdown(run: &Run) -> String {
     }
     let _ = writeln!(
         o,
-        "\n### Clip steps and no-clip steps\n\nGB/s = floor bytes (12 N for a clip, 4 N for no clip) / time; % copy = that / the copy bandwidth measured in the same case's repetitions (host copy for the CPU rows); % roof = the time the rooflines of the same repetitions need for those bytes / this time. Every repetition runs copy, gradclip (and gradclip-tensor-norms), the rooflines, naive and cpu in turn, so load changes hit them alike. Passes: gradclip reduce / finalize / indirect-args copy / scale, naive norms / total / scale; reduce % and scale % are those passes against the read and multiply rooflines. e2e = record + submit + wait on the host.\n"
+        "\n### Clip steps and no-clip steps\n\nGB/s = floor bytes (12 N for a clip, 4 N for no clip) / time; % copy = that / the copy bandwidth measured in the same case's repetitions (host copy for the CPU rows); % roof = the time the rooflines of the same repetitions need for those bytes / this time. Every repetition runs copy, gradclip (and gradclip-tensor-norms), the rooflines, naive and cpu in turn, so load changes hit them alike. Passes: gradclip reduce / finalize / gap (from finalize's end to the scale pass's start) / scale, naive norms / total / scale; reduce % and scale % are those passes against the read and multiply rooflines. e2e = record + submit + wait on the host.\n"
     );
     let _ = writeln!(
         o,
@@ -211,13 +211,13 @@ pub fn markdown(run: &Run) -> String {
                 "{} / {} / {} / {}",
                 pass(r, "reduce"),
                 pass(r, "finalize"),
-                pass(r, "args_copy"),
+                pass(r, "gap"),
                 pass(r, "scale")
             ),
             "gradclip" | "gradclip-tensor-norms" if !r.passes.is_empty() => format!(
                 "{} (reduce+finalize) / {} / {}",
                 pass(r, "reduce+finalize"),
-                pass(r, "args_copy"),
+                pass(r, "gap"),
                 pass(r, "scale")
             ),
             "naive" if !r.passes.is_empty() => format!(

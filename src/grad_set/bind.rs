@@ -35,6 +35,9 @@ pub(super) fn initial_state(scaler: &LossScaler) -> ClipState {
 pub(super) struct Bindings {
     /// One per binding window (one placeholder when there is no element).
     pub bind_groups: Vec<wgpu::BindGroup>,
+    /// The same for the scale and clamp passes, without the indirect
+    /// arguments (`Inner::stream_bind_group_layout`).
+    pub stream_bind_groups: Vec<wgpu::BindGroup>,
     /// The reduce / scale pipelines of each binding window's element path.
     pub window_pipelines: Vec<Arc<ElementPipelines>>,
     /// The distinct element paths of the windows, sorted.
@@ -293,6 +296,7 @@ struct Scratch<'a> {
     partials: &'a wgpu::Buffer,
     stats: &'a wgpu::Buffer,
     config: &'a wgpu::Buffer,
+    indirect: &'a wgpu::Buffer,
 }
 
 fn partials_buffer(device: &wgpu::Device, len: u64) -> wgpu::Buffer {
@@ -482,32 +486,41 @@ fn bindings(
             }),
         }
     }
-    let bind_groups = grad_ranges
+    let (bind_groups, stream_bind_groups) = grad_ranges
         .iter()
         .enumerate()
         .map(|(k, &(buffer, offset, size))| {
-            device.create_bind_group(&wgpu::BindGroupDescriptor {
+            let entries = [
+                entry(0, buffer, offset, size),
+                entry(1, &table, 0, table.size()),
+                entry(2, scratch.partials, 0, scratch.partials.size()),
+                entry(3, scratch.stats, 0, scratch.stats.size()),
+                entry(
+                    4,
+                    &uniforms,
+                    k as u64 * uniform_stride,
+                    size_of::<WindowInfo>() as u64,
+                ),
+                entry(5, scratch.config, 0, scratch.config.size()),
+                entry(6, scratch.indirect, 0, DISPATCH_SIZE),
+            ];
+            let full = device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some(&format!("gradclip bind group, window {k}")),
                 layout: &inner.bind_group_layout,
-                entries: &[
-                    entry(0, buffer, offset, size),
-                    entry(1, &table, 0, table.size()),
-                    entry(2, scratch.partials, 0, scratch.partials.size()),
-                    entry(3, scratch.stats, 0, scratch.stats.size()),
-                    entry(
-                        4,
-                        &uniforms,
-                        k as u64 * uniform_stride,
-                        size_of::<WindowInfo>() as u64,
-                    ),
-                    entry(5, scratch.config, 0, scratch.config.size()),
-                ],
-            })
+                entries: &entries,
+            });
+            let stream = device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(&format!("gradclip stream bind group, window {k}")),
+                layout: &inner.stream_bind_group_layout,
+                entries: &entries[..6],
+            });
+            (full, stream)
         })
-        .collect();
+        .unzip();
     catch.end()?;
     Ok(Bindings {
         bind_groups,
+        stream_bind_groups,
         window_pipelines,
         paths,
         has_elements: !plan.windows.is_empty(),
@@ -573,7 +586,9 @@ impl GradSet {
         let indirect = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("gradclip scale dispatch"),
             size: DISPATCH_SIZE,
-            usage: wgpu::BufferUsages::INDIRECT | wgpu::BufferUsages::COPY_DST,
+            usage: wgpu::BufferUsages::INDIRECT
+                | wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
         let config = device.create_buffer(&wgpu::BufferDescriptor {
@@ -587,6 +602,7 @@ impl GradSet {
             partials: &partials,
             stats: &stats,
             config: &config,
+            indirect: &indirect,
         };
         let windows = window_ranges(&bound, placed);
         let bound = bindings(&inner, &bound, placed, windows, scratch, false)?;
@@ -701,6 +717,7 @@ impl GradSet {
             partials: &partials,
             stats: &self.stats,
             config: &self.config,
+            indirect: &self.indirect,
         };
         let bound = bindings(&self.inner, &bound, &placed, windows, scratch, true)?;
         self.switch_to(bound, partials);

@@ -235,4 +235,15 @@ impl GradSet {
             .iter()
             .zip(self.bound.window_pipelines.iter().map(|p| p.as_ref()))
     }
+
+    /// [`window_pipelines`](Self::window_pipelines) with the bind groups of
+    /// the scale and clamp passes.
+    fn stream_window_pipelines(
+        &self,
+    ) -> impl Iterator<Item = (&wgpu::BindGroup, &ElementPipelines)> {
+        self.bound
+            .stream_bind_groups
+            .iter()
+            .zip(self.bound.window_pipelines.iter().map(|p| p.as_ref()))
+    }
 }
