@@ -706,6 +706,56 @@ fn long_tensors_fold_on_a_workgroup_each() {
 }
 
 #[test]
+fn a_long_tensor_over_many_windows_keeps_the_global_bits() {
+    // Binding windows of 65 536 elements cut a tensor of WG + 4 chunks of
+    // 32 768 into segments in many windows; its partials stay one range,
+    // which long_tensor_stats folds as finalize folds the flat chunks.
+    let (device, queue, clipper) = common::device_with_binding_limit(256 << 10);
+    let wg = clipper.workgroup_size() as usize;
+    let n = (wg + 4) * 32768;
+    let data = values(n, 41);
+    let buffer = upload(&device, &data);
+    let set = clipper
+        .bind(&buffer, &GradLayout::from_sizes(&[n]).unwrap())
+        .unwrap();
+    let chunk = set.chunk_elements() as usize;
+    assert!(
+        n / chunk > wg,
+        "chunks of {chunk}: not long for workgroups of {wg}"
+    );
+    assert!(set.window_count() >= 16, "{} windows", set.window_count());
+    for order in [Order::L2, Order::Inf, Order::P(1.5)] {
+        let what = format!("{order:?} over {} windows", set.window_count());
+        let clip = ClipNorm::new(0.25).norm(order.to_norm());
+        let mut runs = Vec::new();
+        for clip in [clip, clip.per_tensor(true)] {
+            queue.write_buffer(&buffer, 0, bytemuck::cast_slice(&data));
+            let mut encoder = device.create_command_encoder(&Default::default());
+            set.clip_norm(&mut encoder, &clip).unwrap();
+            queue.submit([encoder.finish()]);
+            let report = pollster::block_on(set.read_report()).unwrap();
+            runs.push((report, common::download_all(&device, &queue, &buffer)));
+        }
+        let (global, per_tensor) = (&runs[0], &runs[1]);
+        assert_eq!(
+            (
+                per_tensor.0.tensor_norms[0].to_bits(),
+                per_tensor.0.tensor_coefficients[0].to_bits()
+            ),
+            (
+                global.0.total_norm.to_bits(),
+                global.0.coefficient.to_bits()
+            ),
+            "{what}: the tensor's norm and factor against the global ones"
+        );
+        assert_identical(&per_tensor.1, &global.1, &what);
+        let want = reference::norm(&data, order);
+        assert!(rel_diff(global.0.total_norm as f64, want) <= 1e-5, "{what}");
+    }
+    assert_no_wgpu_errors();
+}
+
+#[test]
 fn tracked_segments_a_fast_path_declines_are_folded_exactly() {
     // 40 tensors of 200 to 299 elements make one flat chunk whose every
     // segment the reduce pass folds in its flat walk, on GPUs and CPU
