@@ -4,8 +4,10 @@
 //! (reduce.wgsl, tracked_round), with segment ends at every place in a
 //! team's blocks, one whose short tensors leave chunks untracked, and one
 //! with runs of one-element tensors; L2, Inf and a general p (and an
-//! integer p for the runs). Each tensor's norm against float64, and the global
-//! norm's bits against the same clip without per-tensor results.
+//! integer p for the runs), and a tensor alone of more chunks than a
+//! workgroup has invocations (long_tensor_stats). Each tensor's norm against
+//! float64, and the global norm's bits against the same clip without
+//! per-tensor results (and the lone tensor's own against them).
 //!
 //! `cargo test --target wasm32-unknown-unknown --test web_tensor_norms` (see
 //! docs/browser.md). Browser tests live one per binary: a panic aborts the
@@ -117,6 +119,37 @@ async fn tensor_norms_of_tracked_and_untracked_chunks_match_float64() {
                 sizes.len()
             );
         }
+    }
+    // A tensor of more chunks than a workgroup has invocations: a
+    // workgroup of long_tensor_stats folds its partials, in finalize's
+    // order, so alone in its layout it gets the global norm's bits.
+    let wg = clipper.workgroup_size() as usize;
+    let n = (wg + 2) * 32768 + 7;
+    let data = fill(&mut rng, &[n]);
+    let buffer = web::upload(&gpu.device, &data);
+    let set = clipper
+        .bind(&buffer, &GradLayout::from_sizes(&[n]).unwrap())
+        .expect("bind");
+    let chunk = set.chunk_elements() as usize;
+    assert!(
+        n / chunk > wg,
+        "chunks of {chunk}: not long for workgroups of {wg}"
+    );
+    for order in [Order::L2, Order::Inf, Order::P(1.5)] {
+        let what = format!("one tensor of {n} elements, {order:?}");
+        let clip = ClipNorm::new(f32::MAX).norm(order.to_norm());
+        let plain = report(&gpu, &set, &clip).await;
+        let logged = report(&gpu, &set, &clip.tensor_norms(true)).await;
+        assert_eq!(
+            (
+                logged.tensor_norms[0].to_bits(),
+                logged.total_norm.to_bits()
+            ),
+            (plain.total_norm.to_bits(), plain.total_norm.to_bits()),
+            "{what}: the tensor's norm against the global one"
+        );
+        reference::assert_tensor_norms(&logged.tensor_norms, &data, &[n], order, 1e-5, &what);
+        console_log!("{what}: the global norm's bits, within 1e-5 of float64");
     }
     if let Some(e) = scope.pop().await {
         panic!("WebGPU validation error: {e}");
