@@ -298,58 +298,43 @@ impl Clipper {
         };
 
         let catch = Catch::begin(device);
+        let entries = [
+            storage_entry(0, false), // grads (one binding window, any element type)
+            storage_entry(1, true),  // plan table
+            storage_entry(2, false), // partials
+            wgpu::BindGroupLayoutEntry {
+                // stats: clip state, total partial, scaler, log, at least one tensor's stat
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Storage { read_only: false },
+                    has_dynamic_offset: false,
+                    min_binding_size: wgpu::BufferSize::new(
+                        STATS_HEAD_SIZE + size_of::<TensorStat>() as u64,
+                    ),
+                },
+                ..storage_entry(3, false)
+            },
+            uniform_entry::<WindowInfo>(4),
+            uniform_entry::<ClipConfig>(5),
+            // finalize's copy of the scale pass's indirect arguments
+            wgpu::BindGroupLayoutEntry {
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Storage { read_only: false },
+                    has_dynamic_offset: false,
+                    min_binding_size: wgpu::BufferSize::new(DISPATCH_SIZE),
+                },
+                ..storage_entry(6, false)
+            },
+        ];
         let bind_group_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
             label: Some("gradclip bind group layout"),
-            entries: &[
-                storage_entry(0, false), // grads (one binding window, any element type)
-                storage_entry(1, true),  // plan table
-                storage_entry(2, false), // partials
-                wgpu::BindGroupLayoutEntry {
-                    // stats: clip state, total partial, scaler, log, at least one tensor's stat
-                    ty: wgpu::BindingType::Buffer {
-                        ty: wgpu::BufferBindingType::Storage { read_only: false },
-                        has_dynamic_offset: false,
-                        min_binding_size: wgpu::BufferSize::new(
-                            STATS_HEAD_SIZE + size_of::<TensorStat>() as u64,
-                        ),
-                    },
-                    ..storage_entry(3, false)
-                },
-                uniform_entry::<WindowInfo>(4),
-                uniform_entry::<ClipConfig>(5),
-                // finalize's copy of the scale pass's indirect arguments
-                wgpu::BindGroupLayoutEntry {
-                    ty: wgpu::BindingType::Buffer {
-                        ty: wgpu::BufferBindingType::Storage { read_only: false },
-                        has_dynamic_offset: false,
-                        min_binding_size: wgpu::BufferSize::new(DISPATCH_SIZE),
-                    },
-                    ..storage_entry(6, false)
-                },
-            ],
+            entries: &entries,
         });
         // The scale and clamp passes bind all but the indirect arguments: a
         // dispatch may not read its arguments from a buffer it can write.
         let stream_bind_group_layout =
             device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
                 label: Some("gradclip stream bind group layout"),
-                entries: &[
-                    storage_entry(0, false),
-                    storage_entry(1, true),
-                    storage_entry(2, false),
-                    wgpu::BindGroupLayoutEntry {
-                        ty: wgpu::BindingType::Buffer {
-                            ty: wgpu::BufferBindingType::Storage { read_only: false },
-                            has_dynamic_offset: false,
-                            min_binding_size: wgpu::BufferSize::new(
-                                STATS_HEAD_SIZE + size_of::<TensorStat>() as u64,
-                            ),
-                        },
-                        ..storage_entry(3, false)
-                    },
-                    uniform_entry::<WindowInfo>(4),
-                    uniform_entry::<ClipConfig>(5),
-                ],
+                entries: &entries[..6],
             });
         let probe_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
             label: Some("gradclip device probe layout"),
