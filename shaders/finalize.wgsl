@@ -115,12 +115,9 @@ fn long_tensor_stats(
     for (var k = wg.x; k < win.long_count; k += groups.x) {
         let i = long_tensor(k);
         let range = tensor_partials(i);
-        let acc = fold_strided(KIND, range.x + t, range.y, WG);
-        wg_v[t] = acc.v;
-        wg_f[t] = acc.flags;
-        tree_reduce(t, KIND);
+        let q = fold_workgroup(t, KIND, range.x, range.y);
         if t == 0u {
-            clipped = store_general_stat(i, Partial(wg_v[0], wg_f[0]), sc) || clipped;
+            clipped = store_general_stat(i, q, sc) || clipped;
         }
     }
     mark_clipped(clipped);
@@ -163,6 +160,13 @@ fn write_log(e: LogEntry) {
     }
 }
 
+// The step's state, with its scale dispatch also where the scale pass
+// reads it (scale_dispatch).
+fn store_state(st: ClipState) {
+    stats.state = st;
+    scale_dispatch = st.dispatch;
+}
+
 // Writes stats.state and the step's log entry for the total `q`; when
 // unscaling, also decides found_inf and applies GradScaler's update to the
 // loss scale.
@@ -183,8 +187,7 @@ fn finish(q: Partial, kind: u32, per_tensor_clips: bool) {
         st.found_inf = 0u;
         st.unscaled_by = 1.0;
         st.dispatch = array<u32, 3>(0u, 1u, 1u);
-        stats.state = st;
-        scale_dispatch = st.dispatch;
+        store_state(st);
         write_log(LogEntry(st, q));
         return;
     }
@@ -224,8 +227,7 @@ fn finish(q: Partial, kind: u32, per_tensor_clips: bool) {
         update_scale(&st, found_inf);
     }
     st.dispatch = array<u32, 3>(select(0u, stride_workgroups(), scale), 1u, 1u);
-    stats.state = st;
-    scale_dispatch = st.dispatch;
+    store_state(st);
     write_log(LogEntry(st, q));
 }
 
@@ -239,10 +241,7 @@ fn finish(q: Partial, kind: u32, per_tensor_clips: bool) {
 @compute @workgroup_size(WG)
 fn finalize(@builtin(local_invocation_index) t: u32) {
     let range = all_chunks();
-    let acc = fold_strided(KIND, range.x + t, range.y, WG);
-    wg_v[t] = acc.v;
-    wg_f[t] = acc.flags;
-    tree_reduce(t, KIND);
+    let total = fold_workgroup(t, KIND, range.x, range.y);
     if t == 0u {
         var per_tensor_clips = false;
         if per_tensor_chunks() {
@@ -251,7 +250,6 @@ fn finalize(@builtin(local_invocation_index) t: u32) {
             stats.tensors_step = cfg.step;
             per_tensor_clips = atomicLoad(&stats.tensors_clipped) == cfg.step;
         }
-        let total = Partial(wg_v[0], wg_f[0]);
         stats.partial = total;
         finish(total, KIND, per_tensor_clips);
     }

@@ -40,6 +40,15 @@ fn tree_reduce(t: u32, kind: u32) {
     workgroupBarrier();
 }
 
+// The workgroup's fold of each invocation's partial q, in wg_v[0] /
+// wg_f[0] on return (visible to every invocation). Called in uniform
+// control flow.
+fn fold_shares(t: u32, q: Partial, kind: u32) {
+    wg_v[t] = q.v;
+    wg_f[t] = q.flags;
+    tree_reduce(t, kind);
+}
+
 // Combines two reductions of the same kind.
 fn merge(kind: u32, a: vec3<f32>, b: vec3<f32>) -> vec3<f32> {
     switch kind {
@@ -47,6 +56,20 @@ fn merge(kind: u32, a: vec3<f32>, b: vec3<f32>) -> vec3<f32> {
         case 1u: { return vec3(bitcast<f32>(max(bitcast<u32>(a.x), bitcast<u32>(b.x))), 0.0, 0.0); }
         default: { return merge_p(a, b, cfg.p); }
     }
+}
+
+// Folds partials[begin .. end) with the whole workgroup, invocation t
+// taking begin + t, begin + t + WG, ... (fold_strided), then tree_reduce:
+// finalize's order, and long_tensor_stats' (fold_tree gives it on one
+// invocation). Every invocation must call it (it has barriers); the
+// result is invocation 0's, and the others get an empty partial: their
+// reads of wg_v[0] would race invocation 0's write of the next fold.
+fn fold_workgroup(t: u32, kind: u32, begin: u32, end: u32) -> Partial {
+    fold_shares(t, fold_strided(kind, begin + t, end, WG), kind);
+    if t != 0u {
+        return Partial(vec3<f32>(0.0), 0u);
+    }
+    return Partial(wg_v[0], wg_f[0]);
 }
 
 // Folds partials[begin .. end) in finalize's order, on one invocation:

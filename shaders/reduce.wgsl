@@ -643,15 +643,6 @@ fn share_fold(r: Run, sh: Share, kind: u32) -> Partial {
     }
 }
 
-// The workgroup's fold of each invocation's partial q of a run, in
-// wg_v[0] / wg_f[0] on return (visible to every invocation). Called in
-// uniform control flow.
-fn fold_shares(t: u32, q: Partial, kind: u32) {
-    wg_v[t] = q.v;
-    wg_f[t] = q.flags;
-    tree_reduce(t, kind);
-}
-
 // The whole workgroup's fold of a run, as fold_shares leaves it.
 fn workgroup_fold(start: u32, len: u32, t: u32, kind: u32) {
     let r = run_of(start, len);
