@@ -243,6 +243,33 @@ impl Bench {
         Ok((record.as_secs_f64(), t0.elapsed().as_secs_f64()))
     }
 
+    /// Repetition `r` of a gradclip clip: restores the gradients, runs
+    /// [`gradclip_step`](Self::gradclip_step) with the timestamps of
+    /// `region`, keeps its host times in `s` after the warm-up, and after
+    /// the last repetition returns its report (read outside the timing).
+    fn gradclip_rep(
+        &self,
+        c: &CaseInputs,
+        clip: &gradclip::ClipNorm,
+        region: u32,
+        whole: bool,
+        r: usize,
+        s: &mut Samples,
+    ) -> Res<Option<gradclip::ClipReport>> {
+        self.restore(c.buffers)?;
+        let per_rep = if whole { WHOLE_STAMPS } else { GRADCLIP_STAMPS };
+        let (record, wall) =
+            self.gradclip_step(c.set, clip, self.slot(region, per_rep, r), whole)?;
+        if r >= self.warmup {
+            s.record.push(record);
+            s.wall.push(wall);
+        }
+        if r + 1 < self.warmup + self.reps {
+            return Ok(None);
+        }
+        Ok(Some(pollster::block_on(c.set.read_report())?))
+    }
+
     /// Records one roofline pass (with begin and end timestamps at `first`
     /// where there are timestamp queries), submits it and waits; returns the
     /// wall seconds.
@@ -329,7 +356,6 @@ impl Bench {
 
         for r in 0..self.warmup + self.reps {
             let keep = r >= self.warmup;
-            let last = r + 1 == self.warmup + self.reps;
 
             // The device copy: the limit, measured next to the clips.
             let mut enc = self.encoder("bench copy");
@@ -350,50 +376,19 @@ impl Bench {
 
             // gradclip; the reports are read after the last repetition's
             // step, outside its timing, so that the checks see timed work.
-            self.restore(b)?;
-            let (record, wall) = self.gradclip_step(
-                c.set,
-                &clip,
-                self.slot(GRADCLIP_REGION, GRADCLIP_STAMPS, r),
-                false,
-            )?;
-            if keep {
-                g.record.push(record);
-                g.wall.push(wall);
-            }
-            if last {
-                report = Some(pollster::block_on(c.set.read_report())?);
+            if let Some(rep) = self.gradclip_rep(&c, &clip, GRADCLIP_REGION, false, r, &mut g)? {
+                report = Some(rep);
             }
             if let Some(s) = tn.as_mut() {
-                self.restore(b)?;
-                let (record, wall) = self.gradclip_step(
-                    c.set,
-                    &clip_tn,
-                    self.slot(TENSOR_NORMS_REGION, GRADCLIP_STAMPS, r),
-                    false,
-                )?;
-                if keep {
-                    s.record.push(record);
-                    s.wall.push(wall);
-                }
-                if last {
-                    report_tn = Some(pollster::block_on(c.set.read_report())?);
+                if let Some(rep) =
+                    self.gradclip_rep(&c, &clip_tn, TENSOR_NORMS_REGION, false, r, s)?
+                {
+                    report_tn = Some(rep);
                 }
             }
             if let Some(s) = wh.as_mut() {
-                self.restore(b)?;
-                let (record, wall) = self.gradclip_step(
-                    c.set,
-                    &clip,
-                    self.slot(WHOLE_REGION, WHOLE_STAMPS, r),
-                    true,
-                )?;
-                if keep {
-                    s.record.push(record);
-                    s.wall.push(wall);
-                }
-                if last {
-                    report_wh = Some(pollster::block_on(c.set.read_report())?);
+                if let Some(rep) = self.gradclip_rep(&c, &clip, WHOLE_REGION, true, r, s)? {
+                    report_wh = Some(rep);
                 }
             }
 
