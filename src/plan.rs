@@ -529,7 +529,8 @@ impl Bound {
         // folded by a workgroup, as finalize folds the chunks, not by one
         // invocation: on an H200 one invocation took 0.74-1.1 ms over the
         // 7 629 partials of 2.5 * 10^8 elements, finalize 16-18 us. The bits
-        // are the same either way (fold.wgsl's fold_tree).
+        // are the same either way, and tensor_stats' fold (fold.wgsl's
+        // fold_short) takes no more than WG partials.
         plan.fuse(below, workgroup_size);
         too_large("plan table bytes", 4 * plan.table_words_len(), max_binding)?;
         too_large(

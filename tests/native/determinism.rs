@@ -204,28 +204,25 @@ fn global_norm_ignores_per_tensor_options() {
 /// in PyTorch, where the total of one tensor is that tensor's norm.
 ///
 /// The tensor's partials (one per flat chunk) must be folded in the order
-/// finalize folds the chunks. The first layout shows any other order on
-/// every adapter: a 4096 in the first chunk and a 1 in each of the other 60,
+/// finalize folds the chunks. The first layouts show any other order on
+/// every adapter: a 4096 in the first chunk and a 1 in each of the others,
 /// so each chunk's sum of squares is exact and one order of additions
 /// differs from another only in what rounds away against 2^24 (front to
-/// back, every 1 does). The second is gradients as they come, where an
-/// order front to back moved an L2 factor by an ulp on lavapipe.
+/// back, every 1 does). They take a tensor of 20 to 2 WG + 1 partials, on
+/// either side of the bounds where the folds change: groups of 16 shares,
+/// and one workgroup a tensor past WG partials (long_tensor_stats). The
+/// last layouts are gradients as they come, where an order front to back
+/// moved an L2 factor by an ulp on lavapipe.
 #[test]
 fn a_lone_tensor_gets_the_global_results() {
     let g = gpu();
-    let n = 2_000_000;
-    let layout = GradLayout::from_sizes(&[n]).unwrap();
-    let probe = common::buffers::upload_bytes(&g.device, &vec![0; 4 * n]);
-    let chunk = g.clipper.bind(&probe, &layout).unwrap().chunk_elements() as usize;
-    let mut spikes = vec![0f32; n];
-    for i in (0..n).step_by(chunk) {
-        spikes[i] = 1.0;
-    }
-    spikes[0] = 4096.0;
-    assert!(
-        n.div_ceil(chunk) > 32,
-        "chunks of {chunk}: too few partials to fold"
-    );
+    let probe_layout = GradLayout::from_sizes(&[1]).unwrap();
+    let probe = common::buffers::upload_bytes(&g.device, &[0; 4]);
+    let chunk = g
+        .clipper
+        .bind(&probe, &probe_layout)
+        .unwrap()
+        .chunk_elements() as usize;
     let lone = |data: &[f32], what: &str, norms: &[Norm]| {
         let layout = GradLayout::from_sizes(&[data.len()]).unwrap();
         let bytes: &[u8] = bytemuck::cast_slice(data);
@@ -266,18 +263,34 @@ fn a_lone_tensor_gets_the_global_results() {
             );
         }
     };
-    let spiked = clip_once(
-        &g.clipper,
-        &layout,
-        GradType::F32,
-        bytemuck::cast_slice(&spikes),
-        &ClipNorm::new(1.0),
-    );
-    assert!(
-        spiked.0.total_norm > 4096.0,
-        "the 1s must not all round away in the global fold"
-    );
-    lone(&spikes, "a 4096 and a 1 a chunk", &[Norm::L2, Norm::P(3.0)]);
+    let wg = g.clipper.workgroup_size() as usize;
+    let mut counts = vec![20, 25, wg - 1, wg, wg + 1, 2 * wg + 1];
+    counts.dedup();
+    for parts in counts {
+        let n = parts * chunk;
+        let mut spikes = vec![0f32; n];
+        for i in (0..n).step_by(chunk) {
+            spikes[i] = 1.0;
+        }
+        spikes[0] = 4096.0;
+        let layout = GradLayout::from_sizes(&[n]).unwrap();
+        let spiked = clip_once(
+            &g.clipper,
+            &layout,
+            GradType::F32,
+            bytemuck::cast_slice(&spikes),
+            &ClipNorm::new(1.0),
+        );
+        assert!(
+            spiked.0.total_norm > 4096.0,
+            "{parts} partials: the 1s must not all round away in the global fold"
+        );
+        lone(
+            &spikes,
+            &format!("a 4096 and a 1 a chunk, {parts} partials"),
+            &[Norm::L2, Norm::P(3.0)],
+        );
+    }
     lone(&values(1_000_003, 3), "1 000 003 values", &NORMS);
     lone(
         &values(5_000_001, 5),
