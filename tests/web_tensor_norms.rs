@@ -5,9 +5,10 @@
 //! team's blocks, one whose short tensors leave chunks untracked, and one
 //! with runs of one-element tensors; L2, Inf and a general p (and an
 //! integer p for the runs), and a tensor alone of more chunks than a
-//! workgroup has invocations (long_tensor_stats). Each tensor's norm against
+//! workgroup has invocations (long_tensor_stats), and one of fewer
+//! (tensor_stats' fold of 16-share groups). Each tensor's norm against
 //! float64, and the global norm's bits against the same clip without
-//! per-tensor results (and the lone tensor's own against them).
+//! per-tensor results (and the lone tensors' own against them).
 //!
 //! `cargo test --target wasm32-unknown-unknown --test web_tensor_norms` (see
 //! docs/browser.md). Browser tests live one per binary: a panic aborts the
@@ -151,6 +152,37 @@ async fn tensor_norms_of_tracked_and_untracked_chunks_match_float64() {
         reference::assert_tensor_norms(&logged.tensor_norms, &data, &[n], order, 1e-5, &what);
         console_log!("{what}: the global norm's bits, within 1e-5 of float64");
     }
+    // A tensor of 20 chunks, on the split list: tensor_stats folds its
+    // partials on one invocation in finalize's order, groups of 16 then
+    // the groups. A 4096 in the first chunk and a 1 in each of the others
+    // make every other order visible: front to back every 1 rounds away
+    // against 2^24, in that order four of them stay.
+    let n = 20 * chunk;
+    let mut spikes = vec![0f32; n];
+    for i in (0..n).step_by(chunk) {
+        spikes[i] = 1.0;
+    }
+    spikes[0] = 4096.0;
+    let buffer = web::upload(&gpu.device, &spikes);
+    let set = clipper
+        .bind(&buffer, &GradLayout::from_sizes(&[n]).unwrap())
+        .expect("bind");
+    assert_eq!(set.chunk_elements() as usize, chunk, "the chunk size moved");
+    let clip = ClipNorm::new(f32::MAX);
+    let plain = report(&gpu, &set, &clip).await;
+    let logged = report(&gpu, &set, &clip.tensor_norms(true)).await;
+    assert!(
+        plain.total_norm > 4096.0,
+        "20 spiked chunks: the 1s must not all round away in the global fold"
+    );
+    assert_eq!(
+        logged.tensor_norms[0].to_bits(),
+        plain.total_norm.to_bits(),
+        "20 spiked chunks: the tensor's norm against the global one ({:e}, {:e})",
+        logged.tensor_norms[0],
+        plain.total_norm
+    );
+    console_log!("a tensor of 20 spiked chunks: the global norm's bits");
     if let Some(e) = scope.pop().await {
         panic!("WebGPU validation error: {e}");
     }
