@@ -61,9 +61,10 @@ fn merge(kind: u32, a: vec3<f32>, b: vec3<f32>) -> vec3<f32> {
 // Folds partials[begin .. end) with the whole workgroup, invocation t
 // taking begin + t, begin + t + WG, ... (fold_strided), then tree_reduce:
 // finalize's order, and long_tensor_stats' (fold_short gives it on one
-// invocation to a range of up to WG partials). Every invocation must call it (it has barriers); the
-// result is invocation 0's, and the others get an empty partial: their
-// reads of wg_v[0] would race invocation 0's write of the next fold.
+// invocation to a range of up to WG partials). Every invocation must call
+// it (it has barriers); the result is invocation 0's, and the others get
+// an empty partial: their reads of wg_v[0] would race invocation 0's
+// write of the next fold.
 fn fold_workgroup(t: u32, kind: u32, begin: u32, end: u32) -> Partial {
     fold_shares(t, fold_strided(kind, begin + t, end, WG), kind);
     if t != 0u {

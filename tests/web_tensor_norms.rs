@@ -154,18 +154,11 @@ async fn tensor_norms_of_tracked_and_untracked_chunks_match_float64() {
     }
     // A tensor of 20 chunks, on the split list: tensor_stats folds its
     // partials on one invocation in finalize's order, groups of 16 then
-    // the groups. A 4096 in the first chunk and a 1 in each of the others
-    // make every other order visible: front to back every 1 rounds away
-    // against 2^24, in that order four of them stay.
-    let n = 20 * chunk;
-    let mut spikes = vec![0f32; n];
-    for i in (0..n).step_by(chunk) {
-        spikes[i] = 1.0;
-    }
-    spikes[0] = 4096.0;
+    // the groups; in that order four of the spikes' 1s stay.
+    let spikes = common::layouts::spiked_chunks(20, chunk);
     let buffer = web::upload(&gpu.device, &spikes);
     let set = clipper
-        .bind(&buffer, &GradLayout::from_sizes(&[n]).unwrap())
+        .bind(&buffer, &GradLayout::from_sizes(&[spikes.len()]).unwrap())
         .expect("bind");
     assert_eq!(set.chunk_elements() as usize, chunk, "the chunk size moved");
     let clip = ClipNorm::new(f32::MAX);

@@ -264,16 +264,10 @@ fn a_lone_tensor_gets_the_global_results() {
         }
     };
     let wg = g.clipper.workgroup_size() as usize;
-    let mut counts = vec![20, 25, wg - 1, wg, wg + 1, 2 * wg + 1];
-    counts.dedup();
-    for parts in counts {
-        let n = parts * chunk;
-        let mut spikes = vec![0f32; n];
-        for i in (0..n).step_by(chunk) {
-            spikes[i] = 1.0;
-        }
-        spikes[0] = 4096.0;
-        let layout = GradLayout::from_sizes(&[n]).unwrap();
+    // WG >= 32 (fold.wgsl's tree_reduce), so the counts are distinct.
+    for parts in [20, 25, wg - 1, wg, wg + 1, 2 * wg + 1] {
+        let spikes = layouts::spiked_chunks(parts, chunk);
+        let layout = GradLayout::from_sizes(&[spikes.len()]).unwrap();
         let spiked = clip_once(
             &g.clipper,
             &layout,
