@@ -414,6 +414,15 @@ pub struct CaseResult {
     /// 4 N bytes at the read roofline; scale against 8 N at the multiply
     /// roofline (clip steps).
     pub pass_roofline_fractions: BTreeMap<String, f64>,
+    /// The same from each pass's fastest repetition and each roofline's
+    /// fastest. A ratio of medians is only as steady as both medians: on
+    /// SwiftShader (2 cores) a read-only pass runs at one of two speeds
+    /// from one repetition to the next, the slow one 1.5-1.9 times the
+    /// fast (10^7 elements: the read roofline at 7.8-9 ms or 12-16, the
+    /// reduce at 9.0-10.6 or 15-18), independently for each pass, so a
+    /// median of 10 lands in either mode. The fastest repetitions compare
+    /// the kernels at their fast mode.
+    pub pass_roofline_fractions_fastest: BTreeMap<String, f64>,
     /// General p only: the power roofline (|x|^p summed, vec4 loads), measured
     /// in this case's repetitions.
     pub power_roofline_gbps: Option<f64>,
@@ -560,6 +569,9 @@ struct RoofRates {
     read_gbps: f64,
     /// The read roofline's median time.
     read_seconds: f64,
+    /// The read and multiply rooflines' fastest repetitions.
+    read_fastest: f64,
+    multiply_fastest: f64,
     multiply_gbps: f64,
     /// The power roofline's, in a general p's cases.
     power_gbps: Option<f64>,
@@ -598,6 +610,11 @@ impl Case {
         let basis_samples = if gpu { &mut s.gpu_total } else { &mut s.wall };
         let min_seconds = min_of(basis_samples);
         let seconds = median(basis_samples);
+        let passes_fastest: BTreeMap<String, f64> = s
+            .passes
+            .iter()
+            .map(|(k, v)| (k.clone(), min_of(v)))
+            .collect();
         let floor_bytes = self.step.floor_bytes() * self.n;
         let gbps = floor_bytes as f64 / seconds * 1e-9;
         let passes: BTreeMap<String, f64> = s
@@ -619,14 +636,17 @@ impl Case {
         let records = roofline.and_then(|r| r.records);
         let reduce_records_fraction = records.and_then(|r| Some(r.seconds / reduce_time?));
         let mut pass_roofline_fractions = BTreeMap::new();
-        if let (Some(read), Some(multiply)) = (read_time, multiply_time) {
+        let mut pass_roofline_fractions_fastest = BTreeMap::new();
+        if let (Some(read), Some(multiply), Some(r)) = (read_time, multiply_time, roofline) {
             for (name, &t) in &passes {
-                let limit = match name.as_str() {
-                    "reduce" | "reduce+finalize" | "norms" => read,
-                    "scale" if self.step == Step::Clip => multiply,
+                let (limit, fastest) = match name.as_str() {
+                    "reduce" | "reduce+finalize" | "norms" => (read, r.read_fastest),
+                    "scale" if self.step == Step::Clip => (multiply, r.multiply_fastest),
                     _ => continue,
                 };
                 pass_roofline_fractions.insert(name.clone(), limit / t);
+                pass_roofline_fractions_fastest
+                    .insert(name.clone(), fastest / passes_fastest[name]);
             }
         }
         let roofline_fraction = match (read_time, multiply_time, self.step) {
@@ -655,6 +675,7 @@ impl Case {
             multiply_roofline_gbps: roofline.map(|r| r.multiply_gbps),
             roofline_fraction,
             pass_roofline_fractions,
+            pass_roofline_fractions_fastest,
             power_roofline_gbps: roofline.and_then(|r| r.power_gbps),
             reduce_power_fraction,
             records_roofline_gbps: records.map(|r| r.gbps),
@@ -1359,6 +1380,8 @@ fn main() -> Res<()> {
                     copy_medians.push(copy_seconds);
                     let device_copy = ("device copy", 8.0 * n as f64 / copy_seconds * 1e-9);
                     let rates = roof.as_ref().map(|(set, _, _, _)| {
+                        let (read_fastest, multiply_fastest) =
+                            (min_of(&m.read_roofline), min_of(&m.multiply_roofline));
                         let read = median(&mut m.read_roofline);
                         let multiply = median(&mut m.multiply_roofline);
                         read_medians.push(read);
@@ -1381,6 +1404,8 @@ fn main() -> Res<()> {
                         RoofRates {
                             read_gbps: set.bytes(Kind::Read) as f64 / read * 1e-9,
                             read_seconds: read,
+                            read_fastest,
+                            multiply_fastest,
                             multiply_gbps: set.bytes(Kind::Multiply) as f64 / multiply * 1e-9,
                             power_gbps: power.map(|t| set.bytes(Kind::Power) as f64 / t * 1e-9),
                             records,

@@ -55,6 +55,25 @@ fn pass_fraction(r: &CaseResult, names: &[&str]) -> Option<f64> {
         .find_map(|n| r.pass_roofline_fractions.get(*n).copied())
 }
 
+/// The same from the fastest repetitions.
+fn pass_fraction_fastest(r: &CaseResult, names: &[&str]) -> Option<f64> {
+    names
+        .iter()
+        .find_map(|n| r.pass_roofline_fractions_fastest.get(*n).copied())
+}
+
+/// A pass's fraction as "median (fastest)".
+fn pass_percent(r: &CaseResult, names: &[&str]) -> String {
+    match pass_fraction(r, names) {
+        Some(v) => format!(
+            "{} ({})",
+            percent(Some(v)),
+            percent(pass_fraction_fastest(r, names))
+        ),
+        None => "–".into(),
+    }
+}
+
 /// The results as markdown tables.
 pub fn markdown(run: &Run) -> String {
     use std::fmt::Write;
@@ -195,7 +214,7 @@ pub fn markdown(run: &Run) -> String {
     }
     let _ = writeln!(
         o,
-        "\n### Clip steps and no-clip steps\n\nGB/s = floor bytes (12 N for a clip, 4 N for no clip) / time; % copy = that / the copy bandwidth measured in the same case's repetitions (host copy for the CPU rows); % roof = the time the rooflines of the same repetitions need for those bytes / this time. Every repetition runs copy, gradclip (and gradclip-tensor-norms), the rooflines, naive and cpu in turn, so load changes hit them alike. Passes: gradclip reduce / finalize / gap (from finalize's end to the scale pass's start) / scale, naive norms / total / scale; reduce % and scale % are those passes against the read and multiply rooflines. e2e = record + submit + wait on the host.\n"
+        "\n### Clip steps and no-clip steps\n\nGB/s = floor bytes (12 N for a clip, 4 N for no clip) / time; % copy = that / the copy bandwidth measured in the same case's repetitions (host copy for the CPU rows); % roof = the time the rooflines of the same repetitions need for those bytes / this time. Every repetition runs copy, gradclip (and gradclip-tensor-norms), the rooflines, naive and cpu in turn, so load changes hit them alike. Passes: gradclip reduce / finalize / gap (from finalize's end to the scale pass's start) / scale, naive norms / total / scale; reduce % and scale % are those passes against the read and multiply rooflines, median against median, and in brackets each pass's fastest repetition against each roofline's fastest (steadier where a driver runs a pass at one of two speeds from one repetition to the next, as SwiftShader does read-only passes). e2e = record + submit + wait on the host.\n"
     );
     let _ = writeln!(
         o,
@@ -233,8 +252,8 @@ pub fn markdown(run: &Run) -> String {
         } else {
             format!(
                 "{} / {}",
-                percent(pass_fraction(r, &["reduce", "reduce+finalize", "norms"])),
-                percent(pass_fraction(r, &["scale"]))
+                pass_percent(r, &["reduce", "reduce+finalize", "norms"]),
+                pass_percent(r, &["scale"])
             )
         };
         let _ = writeln!(
@@ -280,7 +299,7 @@ pub fn markdown(run: &Run) -> String {
     );
     let _ = writeln!(
         o,
-        "| N | tensors | norm | step | % copy | % roof | reduce % read | scale % multiply | tensor norms / plain | records / read | tensor norms floor / plain | reduce % records | / L2 | reduce % power | power / read | naive / gradclip | naive record / gradclip record | cpu / gradclip (wall) |"
+        "| N | tensors | norm | step | % copy | % roof | reduce % read (fastest) | scale % multiply (fastest) | tensor norms / plain | records / read | tensor norms floor / plain | reduce % records | / L2 | reduce % power | power / read | naive / gradclip | naive record / gradclip record | cpu / gradclip (wall) |"
     );
     let _ = writeln!(
         o,
@@ -307,8 +326,8 @@ pub fn markdown(run: &Run) -> String {
             g.step.name(),
             sig(100.0 * g.copy_fraction),
             percent(g.roofline_fraction),
-            percent(pass_fraction(g, &["reduce", "reduce+finalize"])),
-            percent(pass_fraction(g, &["scale"])),
+            pass_percent(g, &["reduce", "reduce+finalize"]),
+            pass_percent(g, &["scale"]),
             tn.map_or("–".into(), |r| sig(r.seconds / g.seconds)),
             tn.and_then(|r| r.records_over_read).map_or("–".into(), sig),
             floor.map_or("–".into(), sig),
