@@ -416,12 +416,11 @@ pub struct CaseResult {
     pub pass_roofline_fractions: BTreeMap<String, f64>,
     /// The same from each pass's fastest repetition and each roofline's
     /// fastest. A ratio of medians is only as steady as both medians: on
-    /// SwiftShader (2 cores) a read-only pass runs at one of two speeds
-    /// from one repetition to the next, the slow one 1.5-1.9 times the
-    /// fast (10^7 elements: the read roofline at 7.8-9 ms or 12-16, the
-    /// reduce at 9.0-10.6 or 15-18), independently for each pass, so a
-    /// median of 10 lands in either mode. The fastest repetitions compare
-    /// the kernels at their fast mode.
+    /// SwiftShader (2 cores) the repetitions of a read-only pass spread up
+    /// to 2x its fastest, each pass on its own (10^7 elements: the read
+    /// roofline's median at 1.12-1.41x its fastest), so a median over a
+    /// median swings with the draw; the fastest repetitions compare the
+    /// kernels each at its best.
     pub pass_roofline_fractions_fastest: BTreeMap<String, f64>,
     /// General p only: the power roofline (|x|^p summed, vec4 loads), measured
     /// in this case's repetitions.
