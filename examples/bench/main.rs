@@ -420,7 +420,8 @@ pub struct CaseResult {
     /// to 2x its fastest, each pass on its own (10^7 elements: the read
     /// roofline's median at 1.12-1.41x its fastest), so a median over a
     /// median swings with the draw; the fastest repetitions compare the
-    /// kernels each at its best.
+    /// kernels each at its best. Where a pass takes under a millisecond,
+    /// one lucky repetition of a roofline sways this one instead.
     pub pass_roofline_fractions_fastest: BTreeMap<String, f64>,
     /// General p only: the power roofline (|x|^p summed, vec4 loads), measured
     /// in this case's repetitions.
