@@ -16,6 +16,7 @@ mod plot;
 mod report;
 mod roofline;
 mod sweep;
+mod targets;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -345,5 +345,8 @@ pub fn markdown(run: &Run) -> String {
             cpu.map_or("–".into(), |r| sig(r.wall_seconds / g.wall_seconds)),
         );
     }
+    if let Some(targets) = crate::targets::table(run) {
+        o.push_str(&targets);
+    }
     o
 }

@@ -1,0 +1,270 @@
+//! Issue 10's performance targets on a CPU driver, read from one run's rows
+//! (`--targets` runs every case they name): what the README's table of
+//! targets is built from, so that one command gives it.
+
+use std::fmt::Write;
+
+use crate::{CaseResult, NormKind, Run, Step, TARGET_SIZES, TARGET_TENSORS};
+
+/// The values of one target over its cases: their range and how many of
+/// them miss it.
+struct Spread {
+    min: f64,
+    max: f64,
+    cases: usize,
+    missed: usize,
+}
+
+impl Spread {
+    fn of(values: &[f64], misses: impl Fn(f64) -> bool) -> Option<Self> {
+        let finite: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
+        (!finite.is_empty()).then(|| Spread {
+            min: finite.iter().copied().fold(f64::INFINITY, f64::min),
+            max: finite.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            cases: finite.len(),
+            missed: finite.iter().filter(|&&v| misses(v)).count(),
+        })
+    }
+
+    /// "a-b" (or "a" where they are equal), in percent where `percent`.
+    fn range(&self, percent: bool) -> String {
+        let (lo, hi, unit, digits) = if percent {
+            (100.0 * self.min, 100.0 * self.max, "%", 0)
+        } else {
+            (self.min, self.max, "", 2)
+        };
+        let (lo, hi) = (format!("{lo:.digits$}"), format!("{hi:.digits$}"));
+        if lo == hi {
+            format!("{lo}{unit}")
+        } else {
+            format!("{lo}-{hi}{unit}")
+        }
+    }
+
+    /// The range, and "k of n missed".
+    fn show(&self, percent: bool) -> String {
+        format!(
+            "{}, {} of {} missed",
+            self.range(percent),
+            self.missed,
+            self.cases
+        )
+    }
+}
+
+/// One run's rows, looked up by case.
+struct Rows<'a>(&'a [CaseResult]);
+
+impl<'a> Rows<'a> {
+    fn get(
+        &self,
+        implementation: &str,
+        n: u64,
+        tensors: usize,
+        norm: NormKind,
+        step: Step,
+    ) -> Option<&'a CaseResult> {
+        self.0.iter().find(|r| {
+            r.implementation == implementation
+                && r.n == n
+                && r.tensors == tensors
+                && r.norm == norm
+                && r.step == step
+        })
+    }
+
+    /// The ratio of two rows' step times, by medians and by fastest
+    /// repetitions.
+    fn ratio(a: &CaseResult, b: &CaseResult) -> (f64, f64) {
+        (a.seconds / b.seconds, a.min_seconds / b.min_seconds)
+    }
+}
+
+/// A norm as the README's tables name it.
+fn label(norm: NormKind) -> &'static str {
+    match norm {
+        NormKind::L2 => "L2",
+        NormKind::Inf => "Inf",
+        NormKind::P3 => "p = 3",
+        NormKind::P1_5 => "p = 1.5",
+        NormKind::P4_5 => "p = 4.5",
+    }
+}
+
+fn reduce_fraction(r: &CaseResult, fastest: bool) -> Option<f64> {
+    let map = if fastest {
+        &r.pass_roofline_fractions_fastest
+    } else {
+        &r.pass_roofline_fractions
+    };
+    ["reduce", "reduce+finalize"]
+        .iter()
+        .find_map(|k| map.get(*k).copied())
+}
+
+/// One line of the table: medians and fastest repetitions, each a Spread.
+fn line(
+    o: &mut String,
+    target: &str,
+    pairs: &[(f64, f64)],
+    misses: impl Fn(f64) -> bool + Copy,
+    percent: bool,
+) {
+    let medians: Vec<f64> = pairs.iter().map(|p| p.0).collect();
+    let fastest: Vec<f64> = pairs.iter().map(|p| p.1).collect();
+    let (Some(m), Some(f)) = (Spread::of(&medians, misses), Spread::of(&fastest, misses)) else {
+        return;
+    };
+    let _ = writeln!(
+        o,
+        "| {target} | {} | {} |",
+        m.show(percent),
+        f.show(percent)
+    );
+}
+
+/// The table of issue 10's CPU-driver targets, where the run has their
+/// cases (N = 10^7 and 2.5 10^7 with 1 and 10 000 tensors; the one-element
+/// rows where it has them); None otherwise.
+pub fn table(run: &Run) -> Option<String> {
+    let rows = Rows(&run.results);
+    let steps = [Step::Noclip, Step::Clip];
+    let cases = || {
+        TARGET_SIZES
+            .iter()
+            .flat_map(|&n| TARGET_TENSORS.iter().map(move |&t| (n, t)))
+    };
+    let plain = |n, t, norm, step| rows.get("gradclip", n, t, norm, step);
+    let mut o = String::new();
+    // Pass fractions: reduce over every step of L2 and Inf, scale over the clips.
+    let mut reduce = Vec::new();
+    let mut scale = Vec::new();
+    for (n, t) in cases() {
+        for norm in [NormKind::L2, NormKind::Inf] {
+            for step in steps {
+                let Some(r) = plain(n, t, norm, step) else {
+                    continue;
+                };
+                if let (Some(m), Some(f)) = (reduce_fraction(r, false), reduce_fraction(r, true)) {
+                    reduce.push((m, f));
+                }
+                if step == Step::Clip {
+                    if let (Some(m), Some(f)) = (
+                        r.pass_roofline_fractions.get("scale"),
+                        r.pass_roofline_fractions_fastest.get("scale"),
+                    ) {
+                        scale.push((*m, *f));
+                    }
+                }
+            }
+        }
+    }
+    if reduce.is_empty() {
+        return None;
+    }
+    o.push_str(
+        "\n### Issue 10's targets in this run\n\nEach target over its cases (N = 10^7 and 2.5·10^7, 1 and 10 000 tensors unless said): the range, and how many cases miss it; by medians, and by each side's fastest repetition.\n\n| target | medians | fastest repetitions |\n|---|---|---|\n",
+    );
+    let below = |v: f64| v < 0.8;
+    line(
+        &mut o,
+        "reduce ≥ 80% of the read roofline (L2, Inf)",
+        &reduce,
+        below,
+        true,
+    );
+    line(
+        &mut o,
+        "scale ≥ 80% of the multiply roofline (L2, Inf, clip)",
+        &scale,
+        below,
+        true,
+    );
+    // A norm's step time over L2's, and the per-tensor step's over the plain one's.
+    for (norm, bound) in [(NormKind::P3, 2.0), (NormKind::P1_5, 2.0)] {
+        for step in steps {
+            let pairs: Vec<(f64, f64)> = cases()
+                .filter_map(|(n, t)| {
+                    Some(Rows::ratio(
+                        plain(n, t, norm, step)?,
+                        plain(n, t, NormKind::L2, step)?,
+                    ))
+                })
+                .collect();
+            let target = format!("{} / L2 step time ≤ {bound}, {}", label(norm), step.name());
+            line(&mut o, &target, &pairs, move |v| v > bound, false);
+        }
+    }
+    let per_tensor = |norms: &[NormKind], step, n_t: &mut dyn Iterator<Item = (u64, usize)>| {
+        n_t.flat_map(|(n, t)| norms.iter().map(move |&norm| (n, t, norm)))
+            .filter_map(|(n, t, norm)| {
+                Some(Rows::ratio(
+                    rows.get("gradclip-tensor-norms", n, t, norm, step)?,
+                    plain(n, t, norm, step)?,
+                ))
+            })
+            .collect::<Vec<_>>()
+    };
+    let groups: [(&str, &[NormKind]); 3] = [
+        ("L2 and Inf", &[NormKind::L2, NormKind::Inf]),
+        ("p = 3", &[NormKind::P3]),
+        ("p = 1.5", &[NormKind::P1_5]),
+    ];
+    for (name, norms) in groups {
+        for step in steps {
+            let mut n_t = TARGET_SIZES.iter().map(|&n| (n, 10_000));
+            let pairs = per_tensor(norms, step, &mut n_t);
+            let target = format!(
+                "tensor_norms / plain ≤ 1.2, 10 000 tensors, {name}, {}",
+                step.name()
+            );
+            line(&mut o, &target, &pairs, |v| v > 1.2, false);
+        }
+    }
+    // One-element tensors: the rows whose tensor count is their N.
+    let one_element: Vec<(u64, usize)> = {
+        let mut v: Vec<(u64, usize)> = run
+            .results
+            .iter()
+            .filter(|r| r.tensors > 1 && r.n == r.tensors as u64)
+            .map(|r| (r.n, r.tensors))
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    for norm in [NormKind::L2, NormKind::Inf, NormKind::P3, NormKind::P1_5] {
+        for step in steps {
+            let pairs = per_tensor(&[norm], step, &mut one_element.iter().copied());
+            let target = format!(
+                "tensor_norms / plain ≤ 2, one-element tensors, {}, {}",
+                label(norm),
+                step.name()
+            );
+            line(&mut o, &target, &pairs, |v| v > 2.0, false);
+            // The floor: the plain step with its reduce at the records
+            // roofline (median times only).
+            let floors: Vec<f64> = one_element
+                .iter()
+                .filter_map(|&(n, t)| {
+                    let p = plain(n, t, norm, step)?;
+                    let records = rows
+                        .get("gradclip-tensor-norms", n, t, norm, step)?
+                        .records_roofline_seconds?;
+                    let reduce = ["reduce", "reduce+finalize"]
+                        .iter()
+                        .find_map(|k| p.passes.get(*k).copied())?;
+                    Some((p.seconds - reduce + records) / p.seconds)
+                })
+                .collect();
+            if let Some(f) = Spread::of(&floors, |v| v > 2.0) {
+                let _ = writeln!(
+                    o,
+                    "| its floor (the reduce at the records roofline) | {} | – |",
+                    f.range(false)
+                );
+            }
+        }
+    }
+    Some(o)
+}
