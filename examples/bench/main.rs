@@ -611,11 +611,6 @@ impl Case {
         let basis_samples = if gpu { &mut s.gpu_total } else { &mut s.wall };
         let min_seconds = min_of(basis_samples);
         let seconds = median(basis_samples);
-        let passes_fastest: BTreeMap<String, f64> = s
-            .passes
-            .iter()
-            .map(|(k, v)| (k.clone(), min_of(v)))
-            .collect();
         let floor_bytes = self.step.floor_bytes() * self.n;
         let gbps = floor_bytes as f64 / seconds * 1e-9;
         let passes: BTreeMap<String, f64> = s
@@ -647,7 +642,7 @@ impl Case {
                 };
                 pass_roofline_fractions.insert(name.clone(), limit / t);
                 pass_roofline_fractions_fastest
-                    .insert(name.clone(), fastest / passes_fastest[name]);
+                    .insert(name.clone(), fastest / min_of(&s.passes[name]));
             }
         }
         let roofline_fraction = match (read_time, multiply_time, self.step) {

@@ -1,6 +1,8 @@
 //! The markdown tables printed on stdout.
 
-use crate::{CaseResult, Run};
+use std::collections::BTreeMap;
+
+use crate::{CaseResult, NormKind, Run, Step};
 
 pub fn plot_title(run: &Run) -> String {
     format!(
@@ -37,38 +39,57 @@ fn pass(r: &CaseResult, name: &str) -> String {
 
 /// A row's reduce time: the reduce pass, or reduce+finalize where the
 /// device has no timestamps inside passes.
-fn reduce_seconds(r: &CaseResult) -> Option<f64> {
-    ["reduce", "reduce+finalize"]
-        .iter()
-        .find_map(|n| r.passes.get(*n).copied())
+pub fn reduce_seconds(r: &CaseResult) -> Option<f64> {
+    REDUCE_PASSES.iter().find_map(|n| r.passes.get(*n).copied())
+}
+
+/// The passes a row's reduce time or fraction is read from, in order.
+pub const REDUCE_PASSES: [&str; 2] = ["reduce", "reduce+finalize"];
+
+/// The row of one case and implementation.
+pub fn row<'a>(
+    run: &'a Run,
+    implementation: &str,
+    n: u64,
+    tensors: usize,
+    norm: NormKind,
+    step: Step,
+) -> Option<&'a CaseResult> {
+    run.results.iter().find(|r| {
+        r.implementation == implementation
+            && r.n == n
+            && r.tensors == tensors
+            && r.norm == norm
+            && r.step == step
+    })
+}
+
+/// The least a step with tensor norms could take over the plain step
+/// `plain`: its time with its reduce replaced by the records roofline's
+/// measured beside the tensor-norms row `tn`.
+pub fn records_floor(plain: &CaseResult, tn: &CaseResult) -> Option<f64> {
+    Some((plain.seconds - reduce_seconds(plain)? + tn.records_roofline_seconds?) / plain.seconds)
 }
 
 fn percent(v: Option<f64>) -> String {
     v.map_or("–".into(), |v| format!("{}%", sig(100.0 * v)))
 }
 
-/// A pass's fraction of its roofline: reduce (or reduce+finalize) and
-/// naive norms against the read roofline, scale against the multiply one.
-fn pass_fraction(r: &CaseResult, names: &[&str]) -> Option<f64> {
-    names
-        .iter()
-        .find_map(|n| r.pass_roofline_fractions.get(*n).copied())
-}
-
-/// The same from the fastest repetitions.
-fn pass_fraction_fastest(r: &CaseResult, names: &[&str]) -> Option<f64> {
-    names
-        .iter()
-        .find_map(|n| r.pass_roofline_fractions_fastest.get(*n).copied())
+/// A pass's fraction of its roofline in a row's `fractions` (its medians'
+/// or its fastest repetitions'), the first of `names` it has: reduce (or
+/// reduce+finalize) and naive norms against the read roofline, scale
+/// against the multiply one.
+pub fn pass_fraction(fractions: &BTreeMap<String, f64>, names: &[&str]) -> Option<f64> {
+    names.iter().find_map(|n| fractions.get(*n).copied())
 }
 
 /// A pass's fraction as "median (fastest)".
 fn pass_percent(r: &CaseResult, names: &[&str]) -> String {
-    match pass_fraction(r, names) {
+    match pass_fraction(&r.pass_roofline_fractions, names) {
         Some(v) => format!(
             "{} ({})",
             percent(Some(v)),
-            percent(pass_fraction_fastest(r, names))
+            percent(pass_fraction(&r.pass_roofline_fractions_fastest, names))
         ),
         None => "–".into(),
     }
@@ -275,24 +296,8 @@ pub fn markdown(run: &Run) -> String {
         );
     }
     // Ratios between implementations of the same case, from this run.
-    let find = |imp: &str, g: &CaseResult| {
-        run.results.iter().find(|r| {
-            r.implementation == imp
-                && r.n == g.n
-                && r.tensors == g.tensors
-                && r.norm == g.norm
-                && r.step == g.step
-        })
-    };
-    let l2 = |g: &CaseResult| {
-        run.results.iter().find(|r| {
-            r.implementation == "gradclip"
-                && r.n == g.n
-                && r.tensors == g.tensors
-                && r.norm == crate::NormKind::L2
-                && r.step == g.step
-        })
-    };
+    let find = |imp: &str, g: &CaseResult| row(run, imp, g.n, g.tensors, g.norm, g.step);
+    let l2 = |g: &CaseResult| row(run, "gradclip", g.n, g.tensors, NormKind::L2, g.step);
     let _ = writeln!(
         o,
         "\n### gradclip against its limits and baselines (same run)\n\n% roof: the step against the rooflines (read for a no-clip step, read + multiply for a clip step); reduce % read and scale % multiply: those passes against the rooflines (reduce+finalize where the device has no timestamps inside passes); tensor norms / plain: the same clip with `tensor_norms(true)` / without; / L2: this norm's time / the L2 time of the same case; general p only, reduce % power: the reduce against the power roofline (|x|^p summed), and power / read: that roofline's time / the read roofline's, the least a general p's reduce can take over the read (against / L2); with tensor norms, records / read: the records roofline's time (the read writing one 16-byte record per tensor) / the read roofline's, floor / plain: (the plain step's time − its reduce + the records roofline's time) / the plain step's time, the least a step with tensor norms could take over the plain one if only its reduce changed and ran at the records roofline (against tensor norms / plain), and reduce % records: the records roofline's time / the tensor-norms step's reduce. Baseline ratios: their time / gradclip's (above 1: gradclip is faster).\n"
@@ -314,9 +319,7 @@ pub fn markdown(run: &Run) -> String {
         let cpu = find("cpu", g);
         let tn = find("gradclip-tensor-norms", g);
         // The plain step with its reduce at the records roofline.
-        let floor = tn.and_then(|t| {
-            Some((g.seconds - reduce_seconds(g)? + t.records_roofline_seconds?) / g.seconds)
-        });
+        let floor = tn.and_then(|t| records_floor(g, t));
         let _ = writeln!(
             o,
             "| {} | {} | {} | {} | {}% | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",

@@ -4,6 +4,7 @@
 
 use std::fmt::Write;
 
+use crate::report::{pass_fraction, records_floor, row, REDUCE_PASSES};
 use crate::{CaseResult, NormKind, Run, Step, TARGET_SIZES, TARGET_TENSORS};
 
 /// The values of one target over its cases: their range and how many of
@@ -52,32 +53,10 @@ impl Spread {
     }
 }
 
-/// One run's rows, looked up by case.
-struct Rows<'a>(&'a [CaseResult]);
-
-impl<'a> Rows<'a> {
-    fn get(
-        &self,
-        implementation: &str,
-        n: u64,
-        tensors: usize,
-        norm: NormKind,
-        step: Step,
-    ) -> Option<&'a CaseResult> {
-        self.0.iter().find(|r| {
-            r.implementation == implementation
-                && r.n == n
-                && r.tensors == tensors
-                && r.norm == norm
-                && r.step == step
-        })
-    }
-
-    /// The ratio of two rows' step times, by medians and by fastest
-    /// repetitions.
-    fn ratio(a: &CaseResult, b: &CaseResult) -> (f64, f64) {
-        (a.seconds / b.seconds, a.min_seconds / b.min_seconds)
-    }
+/// The ratio of two rows' step times, by medians and by fastest
+/// repetitions.
+fn ratio(a: &CaseResult, b: &CaseResult) -> (f64, f64) {
+    (a.seconds / b.seconds, a.min_seconds / b.min_seconds)
 }
 
 /// A norm as the README's tables name it.
@@ -89,17 +68,6 @@ fn label(norm: NormKind) -> &'static str {
         NormKind::P1_5 => "p = 1.5",
         NormKind::P4_5 => "p = 4.5",
     }
-}
-
-fn reduce_fraction(r: &CaseResult, fastest: bool) -> Option<f64> {
-    let map = if fastest {
-        &r.pass_roofline_fractions_fastest
-    } else {
-        &r.pass_roofline_fractions
-    };
-    ["reduce", "reduce+finalize"]
-        .iter()
-        .find_map(|k| map.get(*k).copied())
 }
 
 /// One line of the table: medians and fastest repetitions, each a Spread.
@@ -127,14 +95,14 @@ fn line(
 /// cases (N = 10^7 and 2.5 10^7 with 1 and 10 000 tensors; the one-element
 /// rows where it has them); None otherwise.
 pub fn table(run: &Run) -> Option<String> {
-    let rows = Rows(&run.results);
     let steps = [Step::Noclip, Step::Clip];
     let cases = || {
         TARGET_SIZES
             .iter()
             .flat_map(|&n| TARGET_TENSORS.iter().map(move |&t| (n, t)))
     };
-    let plain = |n, t, norm, step| rows.get("gradclip", n, t, norm, step);
+    let plain = |n, t, norm, step| row(run, "gradclip", n, t, norm, step);
+    let with_norms = |n, t, norm, step| row(run, "gradclip-tensor-norms", n, t, norm, step);
     let mut o = String::new();
     // Pass fractions: reduce over every step of L2 and Inf, scale over the clips.
     let mut reduce = Vec::new();
@@ -145,16 +113,15 @@ pub fn table(run: &Run) -> Option<String> {
                 let Some(r) = plain(n, t, norm, step) else {
                     continue;
                 };
-                if let (Some(m), Some(f)) = (reduce_fraction(r, false), reduce_fraction(r, true)) {
-                    reduce.push((m, f));
-                }
+                let both = |names: &[&str]| {
+                    Some((
+                        pass_fraction(&r.pass_roofline_fractions, names)?,
+                        pass_fraction(&r.pass_roofline_fractions_fastest, names)?,
+                    ))
+                };
+                reduce.extend(both(&REDUCE_PASSES));
                 if step == Step::Clip {
-                    if let (Some(m), Some(f)) = (
-                        r.pass_roofline_fractions.get("scale"),
-                        r.pass_roofline_fractions_fastest.get("scale"),
-                    ) {
-                        scale.push((*m, *f));
-                    }
+                    scale.extend(both(&["scale"]));
                 }
             }
         }
@@ -185,7 +152,7 @@ pub fn table(run: &Run) -> Option<String> {
         for step in steps {
             let pairs: Vec<(f64, f64)> = cases()
                 .filter_map(|(n, t)| {
-                    Some(Rows::ratio(
+                    Some(ratio(
                         plain(n, t, norm, step)?,
                         plain(n, t, NormKind::L2, step)?,
                     ))
@@ -195,16 +162,20 @@ pub fn table(run: &Run) -> Option<String> {
             line(&mut o, &target, &pairs, move |v| v > bound, false);
         }
     }
-    let per_tensor = |norms: &[NormKind], step, n_t: &mut dyn Iterator<Item = (u64, usize)>| {
-        n_t.flat_map(|(n, t)| norms.iter().map(move |&norm| (n, t, norm)))
+    // The per-tensor step over the plain one, for cases (N, tensors) and norms.
+    let per_tensor = |cases: &[(u64, usize)], norms: &[NormKind], step| {
+        cases
+            .iter()
+            .flat_map(|&(n, t)| norms.iter().map(move |&norm| (n, t, norm)))
             .filter_map(|(n, t, norm)| {
-                Some(Rows::ratio(
-                    rows.get("gradclip-tensor-norms", n, t, norm, step)?,
+                Some(ratio(
+                    with_norms(n, t, norm, step)?,
                     plain(n, t, norm, step)?,
                 ))
             })
             .collect::<Vec<_>>()
     };
+    let ten_thousand: Vec<(u64, usize)> = TARGET_SIZES.iter().map(|&n| (n, 10_000)).collect();
     let groups: [(&str, &[NormKind]); 3] = [
         ("L2 and Inf", &[NormKind::L2, NormKind::Inf]),
         ("p = 3", &[NormKind::P3]),
@@ -212,8 +183,7 @@ pub fn table(run: &Run) -> Option<String> {
     ];
     for (name, norms) in groups {
         for step in steps {
-            let mut n_t = TARGET_SIZES.iter().map(|&n| (n, 10_000));
-            let pairs = per_tensor(norms, step, &mut n_t);
+            let pairs = per_tensor(&ten_thousand, norms, step);
             let target = format!(
                 "tensor_norms / plain ≤ 1.2, 10 000 tensors, {name}, {}",
                 step.name()
@@ -235,7 +205,7 @@ pub fn table(run: &Run) -> Option<String> {
     };
     for norm in [NormKind::L2, NormKind::Inf, NormKind::P3, NormKind::P1_5] {
         for step in steps {
-            let pairs = per_tensor(&[norm], step, &mut one_element.iter().copied());
+            let pairs = per_tensor(&one_element, &[norm], step);
             let target = format!(
                 "tensor_norms / plain ≤ 2, one-element tensors, {}, {}",
                 label(norm),
@@ -247,14 +217,7 @@ pub fn table(run: &Run) -> Option<String> {
             let floors: Vec<f64> = one_element
                 .iter()
                 .filter_map(|&(n, t)| {
-                    let p = plain(n, t, norm, step)?;
-                    let records = rows
-                        .get("gradclip-tensor-norms", n, t, norm, step)?
-                        .records_roofline_seconds?;
-                    let reduce = ["reduce", "reduce+finalize"]
-                        .iter()
-                        .find_map(|k| p.passes.get(*k).copied())?;
-                    Some((p.seconds - reduce + records) / p.seconds)
+                    records_floor(plain(n, t, norm, step)?, with_norms(n, t, norm, step)?)
                 })
                 .collect();
             if let Some(f) = Spread::of(&floors, |v| v > 2.0) {
