@@ -625,7 +625,7 @@ impl Case {
         let power_time = roofline
             .and_then(|r| r.power_gbps)
             .map(|g| 4.0 * n / (g * 1e9));
-        let reduce_time = ["reduce", "reduce+finalize"]
+        let reduce_time = report::REDUCE_PASSES
             .iter()
             .find_map(|k| passes.get(*k).copied());
         let reduce_power_fraction = power_time.and_then(|limit| Some(limit / reduce_time?));

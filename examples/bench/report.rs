@@ -71,6 +71,16 @@ pub fn records_floor(plain: &CaseResult, tn: &CaseResult) -> Option<f64> {
     Some((plain.seconds - reduce_seconds(plain)? + tn.records_roofline_seconds?) / plain.seconds)
 }
 
+/// The least a general p's step `p` could take over the L2 step `l2` of
+/// the same case: its time with its reduce replaced by the power
+/// roofline's (the read with |x|^p summed), measured in the same
+/// repetitions. None where the row has no power roofline (L2, Inf, an
+/// integer p).
+pub fn power_floor(p: &CaseResult, l2: &CaseResult) -> Option<f64> {
+    let power_seconds = 4.0 * p.n as f64 / (p.power_roofline_gbps? * 1e9);
+    Some((p.seconds - reduce_seconds(p)? + power_seconds) / l2.seconds)
+}
+
 fn percent(v: Option<f64>) -> String {
     v.map_or("–".into(), |v| format!("{}%", sig(100.0 * v)))
 }
@@ -329,7 +339,7 @@ pub fn markdown(run: &Run) -> String {
             g.step.name(),
             sig(100.0 * g.copy_fraction),
             percent(g.roofline_fraction),
-            pass_percent(g, &["reduce", "reduce+finalize"]),
+            pass_percent(g, &REDUCE_PASSES),
             pass_percent(g, &["scale"]),
             tn.map_or("–".into(), |r| sig(r.seconds / g.seconds)),
             tn.and_then(|r| r.records_over_read).map_or("–".into(), sig),

@@ -4,7 +4,7 @@
 
 use std::fmt::Write;
 
-use crate::report::{pass_fraction, records_floor, row, REDUCE_PASSES};
+use crate::report::{pass_fraction, power_floor, records_floor, row, REDUCE_PASSES};
 use crate::{CaseResult, NormKind, Run, Step, TARGET_SIZES, TARGET_TENSORS};
 
 /// The values of one target over its cases: their range and how many of
@@ -160,6 +160,20 @@ pub fn table(run: &Run) -> Option<String> {
                 .collect();
             let target = format!("{} / L2 step time ≤ {bound}, {}", label(norm), step.name());
             line(&mut o, &target, &pairs, move |v| v > bound, false);
+            // A general p's floor: its step with the reduce at the power
+            // roofline (median times only), the driver's own pow cost.
+            let floors: Vec<f64> = cases()
+                .filter_map(|(n, t)| {
+                    power_floor(plain(n, t, norm, step)?, plain(n, t, NormKind::L2, step)?)
+                })
+                .collect();
+            if let Some(f) = Spread::of(&floors, move |v| v > bound) {
+                let _ = writeln!(
+                    o,
+                    "| its floor (the reduce at the power roofline) | {} | – |",
+                    f.range(false)
+                );
+            }
         }
     }
     // The per-tensor step over the plain one, for cases (N, tensors) and norms.
