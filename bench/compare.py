@@ -14,6 +14,7 @@ torch_peer.py "gradclip-bench/1", the fields of /2 that this reads.
 """
 
 import argparse
+import gzip
 import json
 import sys
 
@@ -21,7 +22,9 @@ SCHEMAS = ("gradclip-bench/1", "gradclip-bench/2")
 
 
 def load(path):
-    with open(path) as f:
+    # docs/bench-runs/ keeps its runs gzipped (docs/benchmark.md).
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
         run = json.load(f)
     if run.get("schema") not in SCHEMAS:
         sys.exit(f"{path}: schema {run.get('schema')!r}, expected one of {SCHEMAS!r}")

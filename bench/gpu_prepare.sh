@@ -33,4 +33,18 @@ for line in sys.stdin:
 cp "$suite" .gpu/native
 pwd >.gpu/built_at
 du -sh .gl .gpu
+# What the device tool sends: the tracked files, the untracked ones git
+# does not ignore, and the carried folders. It refuses more than 64 MiB,
+# so say so here rather than with a failed call. (docs/bench-runs/ is
+# committed gzipped for this: plain, its JSON alone took 43 MB.)
+travel=$({
+    git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null || true
+    find .gl .gpu -type f -exec stat -c %s {} +
+} | awk '{ s += $1 } END { print s + 0 }')
+limit=$((64 * 1024 * 1024))
+echo "the working tree and .gl, .gpu: $((travel / 1048576)) MiB of the device tool's 64"
+if [ "$travel" -gt "$limit" ]; then
+    echo "over the device tool's limit: gzip new JSON in docs/bench-runs, or carry less" >&2
+    exit 1
+fi
 echo "ready: device run with carry [\".gl\", \".gpu\"] and command 'bash bench/gpu_run.sh'"
