@@ -424,6 +424,15 @@ pub struct CaseResult {
     /// kernels each at its best. Where a pass takes under a millisecond,
     /// one lucky repetition of a roofline sways this one instead.
     pub pass_roofline_fractions_fastest: BTreeMap<String, f64>,
+    /// The same paired by repetition: the median, over the repetitions, of
+    /// the roofline's time in a repetition (for this case's bytes) / the
+    /// pass's time in the same repetition. A repetition runs the clips and
+    /// the rooflines back to back, so a host that slows down for seconds
+    /// slows both sides of each ratio alike: on the fortieth and
+    /// forty-first sessions' host, where a case's medians moved up to 1.7x
+    /// from run to run, these spread least over repeated runs
+    /// (docs/bench-cpu-drivers.md, forty-first session).
+    pub pass_roofline_fractions_paired: BTreeMap<String, f64>,
     /// General p only: the power roofline (|x|^p summed, vec4 loads), measured
     /// in this case's repetitions.
     pub power_roofline_gbps: Option<f64>,
@@ -443,6 +452,10 @@ pub struct CaseResult {
     /// gradclip-tensor-norms only: the records roofline's time / this
     /// step's reduce pass's (or reduce+finalize's) time.
     pub reduce_records_fraction: Option<f64>,
+    /// gradclip-tensor-norms only: the median, over the repetitions, of
+    /// this step's time / the plain step's time in the same repetition
+    /// (tensor norms / plain, paired as `pass_roofline_fractions_paired`).
+    pub over_plain_paired: Option<f64>,
     pub total_norm: f32,
     pub coefficient: f32,
 }
@@ -468,6 +481,15 @@ pub fn read_mapped(device: &wgpu::Device, buffer: &wgpu::Buffer) -> Result<Vec<u
     Ok(bytes)
 }
 
+/// A row's samples on its basis: GPU time where `gpu`, else wall time.
+fn basis(s: &Samples, gpu: bool) -> &[f64] {
+    if gpu {
+        &s.gpu_total
+    } else {
+        &s.wall
+    }
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     let k = v.len();
@@ -482,6 +504,23 @@ fn median(v: &mut [f64]) -> f64 {
 
 fn min_of(v: &[f64]) -> f64 {
     v.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+/// The median over repetitions of a[i] / b[i], both timed in repetition i;
+/// None unless both have the same, non-zero, number of repetitions.
+fn paired_ratio(a: &[f64], b: &[f64]) -> Option<f64> {
+    (a.len() == b.len() && !a.is_empty()).then(|| {
+        let mut r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+        median(&mut r)
+    })
+}
+
+/// Per-repetition times of one case, for ratios paired by repetition: the
+/// read and multiply rooflines' (scaled to the case's 4 N and 8 N bytes),
+/// and the plain step's on the run's basis.
+struct PairedReps<'a> {
+    roof: Option<(&'a [f64], &'a [f64])>,
+    plain: &'a [f64],
 }
 
 fn parse_count(s: &str) -> Res<u64> {
@@ -606,8 +645,26 @@ impl Case {
         (mut s, (total_norm, coefficient)): (Samples, (f32, f32)),
         (limit, limit_gbps): (&'static str, f64),
         roofline: Option<RoofRates>,
+        paired: Option<&PairedReps>,
     ) -> CaseResult {
         let gpu = gpu_basis && !s.gpu_total.is_empty();
+        // Before the medians below sort the samples out of repetition order.
+        let mut pass_roofline_fractions_paired = BTreeMap::new();
+        if let Some((read, multiply)) = paired.and_then(|p| p.roof) {
+            for (name, v) in &s.passes {
+                let limit = match name.as_str() {
+                    "reduce" | "reduce+finalize" | "norms" => read,
+                    "scale" if self.step == Step::Clip => multiply,
+                    _ => continue,
+                };
+                if let Some(f) = paired_ratio(limit, v) {
+                    pass_roofline_fractions_paired.insert(name.clone(), f);
+                }
+            }
+        }
+        let over_plain_paired = paired
+            .filter(|_| implementation == "gradclip-tensor-norms")
+            .and_then(|p| paired_ratio(basis(&s, gpu), p.plain));
         let basis_samples = if gpu { &mut s.gpu_total } else { &mut s.wall };
         let min_seconds = min_of(basis_samples);
         let seconds = median(basis_samples);
@@ -672,6 +729,7 @@ impl Case {
             roofline_fraction,
             pass_roofline_fractions,
             pass_roofline_fractions_fastest,
+            pass_roofline_fractions_paired,
             power_roofline_gbps: roofline.and_then(|r| r.power_gbps),
             reduce_power_fraction,
             records_roofline_gbps: records.map(|r| r.gbps),
@@ -679,6 +737,7 @@ impl Case {
             records_roofline_shape: records.map(|r| r.shape),
             records_over_read: roofline.and_then(|rf| Some(rf.records?.seconds / rf.read_seconds)),
             reduce_records_fraction,
+            over_plain_paired,
             total_norm,
             coefficient,
         }
@@ -1372,6 +1431,22 @@ fn main() -> Res<()> {
                         norm,
                         max_norm,
                     })?;
+                    // Taken before the medians below sort the samples.
+                    let scaled = |v: &[f64], kind: Kind, bytes: u64| -> Option<Vec<f64>> {
+                        let (set, ..) = roof.as_ref()?;
+                        let f = bytes as f64 / set.bytes(kind) as f64;
+                        Some(v.iter().map(|t| t * f).collect())
+                    };
+                    let read_reps = scaled(&m.read_roofline, Kind::Read, 4 * n);
+                    let multiply_reps = scaled(&m.multiply_roofline, Kind::Multiply, 8 * n);
+                    let plain_reps = {
+                        let g = &m.gradclip.0;
+                        basis(g, bench.gpu_basis && !g.gpu_total.is_empty()).to_vec()
+                    };
+                    let paired = PairedReps {
+                        roof: read_reps.as_deref().zip(multiply_reps.as_deref()),
+                        plain: &plain_reps,
+                    };
                     let copy_seconds = median(&mut m.copy);
                     copy_medians.push(copy_seconds);
                     let device_copy = ("device copy", 8.0 * n as f64 / copy_seconds * 1e-9);
@@ -1416,6 +1491,7 @@ fn main() -> Res<()> {
                         m.gradclip,
                         device_copy,
                         plain_rates,
+                        Some(&paired),
                     ));
                     if let Some((samples, out, tensor_norms)) = m.tensor_norms {
                         case.check("gradclip-tensor-norms", total, out, tol)?;
@@ -1426,6 +1502,7 @@ fn main() -> Res<()> {
                             (samples, out),
                             device_copy,
                             rates,
+                            Some(&paired),
                         ));
                     }
                     if let Some(out) = m.whole_step {
@@ -1436,6 +1513,7 @@ fn main() -> Res<()> {
                             out,
                             device_copy,
                             plain_rates,
+                            Some(&paired),
                         ));
                     }
                     if let Some(out) = m.naive {
@@ -1446,6 +1524,7 @@ fn main() -> Res<()> {
                             out,
                             device_copy,
                             plain_rates,
+                            Some(&paired),
                         ));
                     }
                     if let Some(out) = m.cpu {
@@ -1453,7 +1532,7 @@ fn main() -> Res<()> {
                         host_medians.push(host_seconds);
                         let host_copy = ("host copy", 8.0 * n as f64 / host_seconds * 1e-9);
                         case.check("cpu", total, out.1, tol.max(1e-3))?;
-                        results.push(case.result("cpu", false, out, host_copy, None));
+                        results.push(case.result("cpu", false, out, host_copy, None, None));
                     }
                     eprint!(".");
                 }
@@ -1563,4 +1642,100 @@ fn main() -> Res<()> {
         eprintln!("wrote {}", path.display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Per-repetition pass samples on the GPU basis.
+    fn samples(total: &[f64], reduce: &[f64], scale: &[f64]) -> Samples {
+        Samples {
+            wall: total.to_vec(),
+            record: Vec::new(),
+            passes: [("reduce", reduce), ("scale", scale)]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_vec()))
+                .collect(),
+            gpu_total: total.to_vec(),
+        }
+    }
+
+    fn rates(read_seconds: f64, multiply_seconds: f64, n: u64) -> RoofRates {
+        RoofRates {
+            read_gbps: 4.0 * n as f64 / read_seconds * 1e-9,
+            read_seconds,
+            read_fastest: read_seconds,
+            multiply_fastest: multiply_seconds,
+            multiply_gbps: 8.0 * n as f64 / multiply_seconds * 1e-9,
+            power_gbps: None,
+            records: None,
+        }
+    }
+
+    #[test]
+    fn paired_ratio_is_the_median_of_each_repetitions_ratio() {
+        // Medians alone: 4 / 2 = 2; paired: each repetition 1, 1, 1.
+        assert_eq!(paired_ratio(&[1.0, 4.0, 8.0], &[1.0, 4.0, 8.0]), Some(1.0));
+        assert_eq!(paired_ratio(&[2.0, 9.0, 3.0], &[1.0, 3.0, 2.0]), Some(2.0));
+        assert_eq!(paired_ratio(&[1.0, 2.0], &[1.0]), None);
+        assert_eq!(paired_ratio(&[], &[]), None);
+    }
+
+    /// A host that runs each repetition at its own speed, and a pass that
+    /// stalls once: the paired fractions and tensor norms / plain see
+    /// through the host's speed and the one stall, where medians of each
+    /// side taken apart do not. Also guards the order: pairs taken after
+    /// anything sorted the samples come out wrong here.
+    #[test]
+    fn paired_figures_pair_each_repetition() {
+        let case = Case {
+            n: 1000,
+            tensors: 10,
+            norm: NormKind::L2,
+            step: Step::Clip,
+        };
+        // Repetition speeds 1, 3, 2: the reduce at 80% of the read
+        // roofline and the scale at 90% of the multiply one in each, but
+        // for the reduce's stall in the first (0.16); the per-tensor step
+        // 1.1x the plain one in each but the first (6.7x).
+        let speed = [1.0, 3.0, 2.0];
+        let read: Vec<f64> = speed.iter().map(|s| 0.8 * s).collect();
+        let multiply: Vec<f64> = speed.iter().map(|s| 0.9 * 2.0 * s).collect();
+        let reduce = [5.0, 3.0, 2.0];
+        let scale: Vec<f64> = speed.iter().map(|s| 2.0 * s).collect();
+        let plain: Vec<f64> = speed.iter().map(|s| 3.0 * s).collect();
+        let tn = [20.0, 9.9, 6.6];
+        let paired = PairedReps {
+            roof: Some((&read, &multiply)),
+            plain: &plain,
+        };
+        let limit = ("device copy", 1.0);
+        let roof = Some(rates(1.6, 3.6, case.n));
+        let r = case.result(
+            "gradclip",
+            true,
+            (samples(&plain, &reduce, &scale), (1.0, 1.0)),
+            limit,
+            roof,
+            Some(&paired),
+        );
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        // Medians: 1.6 / 3; sorted, then paired: 0.48.
+        assert!(close(r.pass_roofline_fractions["reduce"], 1.6 / 3.0));
+        assert!(close(r.pass_roofline_fractions_paired["reduce"], 0.8));
+        assert!(close(r.pass_roofline_fractions_paired["scale"], 0.9));
+        assert_eq!(r.over_plain_paired, None, "a plain row has no tensor norms / plain");
+        let t = case.result(
+            "gradclip-tensor-norms",
+            true,
+            (samples(&tn, &reduce, &scale), (1.0, 1.0)),
+            limit,
+            roof,
+            Some(&paired),
+        );
+        // Medians: 9.9 / 6 = 1.65; sorted, then paired: 2.2.
+        assert!(close(t.seconds / r.seconds, 1.65));
+        assert!(close(t.over_plain_paired.unwrap(), 1.1));
+    }
 }

@@ -93,13 +93,14 @@ pub fn pass_fraction(fractions: &BTreeMap<String, f64>, names: &[&str]) -> Optio
     names.iter().find_map(|n| fractions.get(*n).copied())
 }
 
-/// A pass's fraction as "median (fastest)".
+/// A pass's fraction as "median (fastest, paired)".
 fn pass_percent(r: &CaseResult, names: &[&str]) -> String {
     match pass_fraction(&r.pass_roofline_fractions, names) {
         Some(v) => format!(
-            "{} ({})",
+            "{} ({}, {})",
             percent(Some(v)),
-            percent(pass_fraction(&r.pass_roofline_fractions_fastest, names))
+            percent(pass_fraction(&r.pass_roofline_fractions_fastest, names)),
+            percent(pass_fraction(&r.pass_roofline_fractions_paired, names))
         ),
         None => "–".into(),
     }
@@ -310,11 +311,11 @@ pub fn markdown(run: &Run) -> String {
     let l2 = |g: &CaseResult| row(run, "gradclip", g.n, g.tensors, NormKind::L2, g.step);
     let _ = writeln!(
         o,
-        "\n### gradclip against its limits and baselines (same run)\n\n% roof: the step against the rooflines (read for a no-clip step, read + multiply for a clip step); reduce % read and scale % multiply: those passes against the rooflines (reduce+finalize where the device has no timestamps inside passes); tensor norms / plain: the same clip with `tensor_norms(true)` / without; / L2: this norm's time / the L2 time of the same case; general p only, reduce % power: the reduce against the power roofline (|x|^p summed), and power / read: that roofline's time / the read roofline's, the least a general p's reduce can take over the read (against / L2); with tensor norms, records / read: the records roofline's time (the read writing one 16-byte record per tensor) / the read roofline's, floor / plain: (the plain step's time − its reduce + the records roofline's time) / the plain step's time, the least a step with tensor norms could take over the plain one if only its reduce changed and ran at the records roofline (against tensor norms / plain), and reduce % records: the records roofline's time / the tensor-norms step's reduce. Baseline ratios: their time / gradclip's (above 1: gradclip is faster).\n"
+        "\n### gradclip against its limits and baselines (same run)\n\n% roof: the step against the rooflines (read for a no-clip step, read + multiply for a clip step); reduce % read and scale % multiply: those passes against the rooflines (reduce+finalize where the device has no timestamps inside passes), median against median, and in brackets fastest repetition against fastest, and paired (the median over the repetitions of each repetition's own ratio, which a host that slows down for seconds at a time moves least); tensor norms / plain: the same clip with `tensor_norms(true)` / without, medians, and in brackets paired; / L2: this norm's time / the L2 time of the same case; general p only, reduce % power: the reduce against the power roofline (|x|^p summed), and power / read: that roofline's time / the read roofline's, the least a general p's reduce can take over the read (against / L2); with tensor norms, records / read: the records roofline's time (the read writing one 16-byte record per tensor) / the read roofline's, floor / plain: (the plain step's time − its reduce + the records roofline's time) / the plain step's time, the least a step with tensor norms could take over the plain one if only its reduce changed and ran at the records roofline (against tensor norms / plain), and reduce % records: the records roofline's time / the tensor-norms step's reduce. Baseline ratios: their time / gradclip's (above 1: gradclip is faster).\n"
     );
     let _ = writeln!(
         o,
-        "| N | tensors | norm | step | % copy | % roof | reduce % read (fastest) | scale % multiply (fastest) | tensor norms / plain | records / read | tensor norms floor / plain | reduce % records | / L2 | reduce % power | power / read | naive / gradclip | naive record / gradclip record | cpu / gradclip (wall) |"
+        "| N | tensors | norm | step | % copy | % roof | reduce % read (fastest, paired) | scale % multiply (fastest, paired) | tensor norms / plain (paired) | records / read | tensor norms floor / plain | reduce % records | / L2 | reduce % power | power / read | naive / gradclip | naive record / gradclip record | cpu / gradclip (wall) |"
     );
     let _ = writeln!(
         o,
@@ -341,7 +342,11 @@ pub fn markdown(run: &Run) -> String {
             percent(g.roofline_fraction),
             pass_percent(g, &REDUCE_PASSES),
             pass_percent(g, &["scale"]),
-            tn.map_or("–".into(), |r| sig(r.seconds / g.seconds)),
+            tn.map_or("–".into(), |r| format!(
+                "{} ({})",
+                sig(r.seconds / g.seconds),
+                r.over_plain_paired.map_or("–".into(), sig)
+            )),
             tn.and_then(|r| r.records_over_read).map_or("–".into(), sig),
             floor.map_or("–".into(), sig),
             percent(tn.and_then(|r| r.reduce_records_fraction)),

@@ -53,10 +53,15 @@ impl Spread {
     }
 }
 
+/// A target's value in one case: by medians, by fastest repetitions, and
+/// paired by repetition where both sides were timed in the same
+/// repetitions (None between cases, which run one after another).
+type Value = (f64, f64, Option<f64>);
+
 /// The ratio of two rows' step times, by medians and by fastest
-/// repetitions.
-fn ratio(a: &CaseResult, b: &CaseResult) -> (f64, f64) {
-    (a.seconds / b.seconds, a.min_seconds / b.min_seconds)
+/// repetitions; `paired`, the same ratio paired by repetition.
+fn ratio(a: &CaseResult, b: &CaseResult, paired: Option<f64>) -> Value {
+    (a.seconds / b.seconds, a.min_seconds / b.min_seconds, paired)
 }
 
 /// A norm as the README's tables name it.
@@ -70,22 +75,27 @@ fn label(norm: NormKind) -> &'static str {
     }
 }
 
-/// One line of the table: medians and fastest repetitions, each a Spread.
+/// One line of the table: medians, fastest repetitions and paired
+/// repetitions (where every case has them), each a Spread.
 fn line(
     o: &mut String,
     target: &str,
-    pairs: &[(f64, f64)],
+    values: &[Value],
     misses: impl Fn(f64) -> bool + Copy,
     percent: bool,
 ) {
-    let medians: Vec<f64> = pairs.iter().map(|p| p.0).collect();
-    let fastest: Vec<f64> = pairs.iter().map(|p| p.1).collect();
+    let medians: Vec<f64> = values.iter().map(|p| p.0).collect();
+    let fastest: Vec<f64> = values.iter().map(|p| p.1).collect();
+    let paired: Option<Vec<f64>> = values.iter().map(|p| p.2).collect();
     let (Some(m), Some(f)) = (Spread::of(&medians, misses), Spread::of(&fastest, misses)) else {
         return;
     };
+    let p = paired
+        .and_then(|p| Spread::of(&p, misses))
+        .map_or("–".into(), |p| p.show(percent));
     let _ = writeln!(
         o,
-        "| {target} | {} | {} |",
+        "| {target} | {} | {} | {p} |",
         m.show(percent),
         f.show(percent)
     );
@@ -135,7 +145,7 @@ fn steadiness(run: &Run) -> String {
             multiply.range(false),
             times(&multiply),
             if times(&multiply) > STEADY_SPREAD {
-                " **Not steady**: the host was disturbed during this run, so ratios between cases (p over L2) say little; passes against the rooflines and tensor norms over plain were timed in the same repetitions."
+                " **Not steady**: the host was disturbed during this run, so ratios between cases (p over L2) say little; passes against the rooflines and tensor norms over plain were timed in the same repetitions, and their paired column is the one to read."
             } else {
                 ""
             }
@@ -173,6 +183,7 @@ pub fn table(run: &Run) -> Option<String> {
                     Some((
                         pass_fraction(&r.pass_roofline_fractions, names)?,
                         pass_fraction(&r.pass_roofline_fractions_fastest, names)?,
+                        pass_fraction(&r.pass_roofline_fractions_paired, names),
                     ))
                 };
                 reduce.extend(both(&REDUCE_PASSES));
@@ -186,10 +197,12 @@ pub fn table(run: &Run) -> Option<String> {
         return None;
     }
     o.push_str(
-        "\n### Issue 10's targets in this run\n\nEach target over its cases (N = 10^7 and 2.5·10^7, 1 and 10 000 tensors unless said): the range, and how many cases miss it; by medians, and by each side's fastest repetition.\n\n",
+        "\n### Issue 10's targets in this run\n\nEach target over its cases (N = 10^7 and 2.5·10^7, 1 and 10 000 tensors unless said): the range, and how many cases miss it; by medians, by each side's fastest repetition, and paired (the median over the repetitions of each repetition's own ratio, for what was timed in the same repetitions: a pass and the rooflines, the per-tensor step and the plain one; a host that slows down for seconds at a time moves it least).\n\n",
     );
     o.push_str(&steadiness(run));
-    o.push_str("| target | medians | fastest repetitions |\n|---|---|---|\n");
+    o.push_str(
+        "| target | medians | fastest repetitions | paired repetitions |\n|---|---|---|---|\n",
+    );
     let below = |v: f64| v < 0.8;
     line(
         &mut o,
@@ -208,11 +221,12 @@ pub fn table(run: &Run) -> Option<String> {
     // A norm's step time over L2's, and the per-tensor step's over the plain one's.
     for (norm, bound) in [(NormKind::P3, 2.0), (NormKind::P1_5, 2.0)] {
         for step in steps {
-            let pairs: Vec<(f64, f64)> = cases()
+            let pairs: Vec<Value> = cases()
                 .filter_map(|(n, t)| {
                     Some(ratio(
                         plain(n, t, norm, step)?,
                         plain(n, t, NormKind::L2, step)?,
+                        None,
                     ))
                 })
                 .collect();
@@ -228,7 +242,7 @@ pub fn table(run: &Run) -> Option<String> {
             if let Some(f) = Spread::of(&floors, move |v| v > bound) {
                 let _ = writeln!(
                     o,
-                    "| its floor (the reduce at the power roofline) | {} | – |",
+                    "| its floor (the reduce at the power roofline) | {} | – | – |",
                     f.range(false)
                 );
             }
@@ -240,10 +254,8 @@ pub fn table(run: &Run) -> Option<String> {
             .iter()
             .flat_map(|&(n, t)| norms.iter().map(move |&norm| (n, t, norm)))
             .filter_map(|(n, t, norm)| {
-                Some(ratio(
-                    with_norms(n, t, norm, step)?,
-                    plain(n, t, norm, step)?,
-                ))
+                let tn = with_norms(n, t, norm, step)?;
+                Some(ratio(tn, plain(n, t, norm, step)?, tn.over_plain_paired))
             })
             .collect::<Vec<_>>()
     };
@@ -295,7 +307,7 @@ pub fn table(run: &Run) -> Option<String> {
             if let Some(f) = Spread::of(&floors, |v| v > 2.0) {
                 let _ = writeln!(
                     o,
-                    "| its floor (the reduce at the records roofline) | {} | – |",
+                    "| its floor (the reduce at the records roofline) | {} | – | – |",
                     f.range(false)
                 );
             }
