@@ -8,7 +8,8 @@ The runs must be of the same command on the same driver. For every case
 three ways, it prints the range over the runs and its spread (largest /
 smallest) by medians, by fastest repetitions and paired by repetition
 (docs/benchmark.md): the reduce and scale passes against the rooflines,
-and `tensor_norms(true)`'s step over the plain one. Then, per ratio and
+`tensor_norms(true)`'s step over the plain one, and a p norm's step over
+L2's (paired with the L2 step timed beside it, in runs since that). Then, per ratio and
 estimator, the median and the largest spread over the cases: the estimator
 with the smaller spreads is the one to read on that host. Reads .json and
 .json.gz (docs/bench-runs/).
@@ -63,6 +64,14 @@ def over_plain_values(tn, plain):
     )
 
 
+def over_l2_values(p, l2):
+    return (
+        p["seconds"] / l2["seconds"],
+        p["min_seconds"] / l2["min_seconds"],
+        p.get("over_l2_paired"),
+    )
+
+
 def spread(values):
     """(low, high, high / low) of the values present, or None."""
     v = [x for x in values if x is not None]
@@ -90,6 +99,10 @@ def main():
             "reduce % read": [pass_values(p[case], REDUCE) for p in plain],
             "scale % multiply": [pass_values(p[case], SCALE) for p in plain],
         }
+        n, tensors, norm, step = case
+        l2_case = (n, tensors, "l2", step)
+        if norm not in ("l2", "inf") and all(l2_case in p for p in plain):
+            per_run["/ L2"] = [over_l2_values(p[case], p[l2_case]) for p in plain]
         if all(case in t for t in with_norms):
             per_run["tensor norms / plain"] = [
                 over_plain_values(t[case], p[case]) for t, p in zip(with_norms, plain)
@@ -109,7 +122,7 @@ def main():
     print(f"\nSpread over the {len(runs)} runs, median and largest over the cases:\n")
     print("| ratio | " + " | ".join(ESTIMATORS) + " |")
     print("|---|" + "---|" * len(ESTIMATORS))
-    for ratio in ("reduce % read", "scale % multiply", "tensor norms / plain"):
+    for ratio in ("reduce % read", "scale % multiply", "tensor norms / plain", "/ L2"):
         cells = []
         for estimator in ESTIMATORS:
             v = spreads.get((ratio, estimator))

@@ -456,6 +456,10 @@ pub struct CaseResult {
     /// this step's time / the plain step's time in the same repetition
     /// (tensor norms / plain, paired as `pass_roofline_fractions_paired`).
     pub over_plain_paired: Option<f64>,
+    /// gradclip rows of a p norm only: the median, over the repetitions, of
+    /// this step's time / the time of a plain L2 step of the same kind
+    /// (clip or no-clip) timed in the same repetition (/ L2, paired).
+    pub over_l2_paired: Option<f64>,
     pub total_norm: f32,
     pub coefficient: f32,
 }
@@ -521,6 +525,8 @@ fn paired_ratio(a: &[f64], b: &[f64]) -> Option<f64> {
 struct PairedReps<'a> {
     roof: Option<(&'a [f64], &'a [f64])>,
     plain: &'a [f64],
+    /// The plain L2 step's beside a p case's (CaseInputs::l2_beside).
+    l2: Option<&'a [f64]>,
 }
 
 fn parse_count(s: &str) -> Res<u64> {
@@ -665,6 +671,9 @@ impl Case {
         let over_plain_paired = paired
             .filter(|_| implementation == "gradclip-tensor-norms")
             .and_then(|p| paired_ratio(basis(&s, gpu), p.plain));
+        let over_l2_paired = paired
+            .filter(|_| implementation == "gradclip")
+            .and_then(|p| paired_ratio(basis(&s, gpu), p.l2?));
         let basis_samples = if gpu { &mut s.gpu_total } else { &mut s.wall };
         let min_seconds = min_of(basis_samples);
         let seconds = median(basis_samples);
@@ -738,6 +747,7 @@ impl Case {
             records_over_read: roofline.and_then(|rf| Some(rf.records?.seconds / rf.read_seconds)),
             reduce_records_fraction,
             over_plain_paired,
+            over_l2_paired,
             total_norm,
             coefficient,
         }
@@ -1381,6 +1391,8 @@ fn main() -> Res<()> {
             for &norm in &args.norms {
                 let total = reference(norm, &host);
                 let tol = tolerance(norm);
+                // A p case's plain L2 step, timed beside it (/ L2, paired).
+                let l2_total = (norm.p().is_some()).then(|| reference(NormKind::L2, &host));
                 let per_tensor: Vec<f64> = if args.tensor_norms {
                     ranges
                         .iter()
@@ -1430,6 +1442,10 @@ fn main() -> Res<()> {
                         }),
                         norm,
                         max_norm,
+                        l2_beside: l2_total.map(|l2| match step {
+                            Step::Clip => 0.5 * l2,
+                            Step::Noclip => 2.0 * l2,
+                        } as f32),
                     })?;
                     // Taken before the medians below sort the samples.
                     let scaled = |v: &[f64], kind: Kind, bytes: u64| -> Option<Vec<f64>> {
@@ -1443,9 +1459,26 @@ fn main() -> Res<()> {
                         let g = &m.gradclip.0;
                         basis(g, bench.gpu_basis && !g.gpu_total.is_empty()).to_vec()
                     };
+                    let l2_reps = match (&m.l2_beside, l2_total) {
+                        (Some((s, out)), Some(l2)) => {
+                            let l2_case = Case {
+                                norm: NormKind::L2,
+                                ..case
+                            };
+                            l2_case.check(
+                                "gradclip (L2 beside)",
+                                l2,
+                                *out,
+                                tolerance(NormKind::L2),
+                            )?;
+                            Some(basis(s, bench.gpu_basis && !s.gpu_total.is_empty()).to_vec())
+                        }
+                        _ => None,
+                    };
                     let paired = PairedReps {
                         roof: read_reps.as_deref().zip(multiply_reps.as_deref()),
                         plain: &plain_reps,
+                        l2: l2_reps.as_deref(),
                     };
                     let copy_seconds = median(&mut m.copy);
                     copy_medians.push(copy_seconds);
@@ -1709,6 +1742,7 @@ mod tests {
         let paired = PairedReps {
             roof: Some((&read, &multiply)),
             plain: &plain,
+            l2: None,
         };
         let limit = ("device copy", 1.0);
         let roof = Some(rates(1.6, 3.6, case.n));
@@ -1725,7 +1759,10 @@ mod tests {
         assert!(close(r.pass_roofline_fractions["reduce"], 1.6 / 3.0));
         assert!(close(r.pass_roofline_fractions_paired["reduce"], 0.8));
         assert!(close(r.pass_roofline_fractions_paired["scale"], 0.9));
-        assert_eq!(r.over_plain_paired, None, "a plain row has no tensor norms / plain");
+        assert_eq!(
+            r.over_plain_paired, None,
+            "a plain row has no tensor norms / plain"
+        );
         let t = case.result(
             "gradclip-tensor-norms",
             true,
@@ -1737,5 +1774,22 @@ mod tests {
         // Medians: 9.9 / 6 = 1.65; sorted, then paired: 2.2.
         assert!(close(t.seconds / r.seconds, 1.65));
         assert!(close(t.over_plain_paired.unwrap(), 1.1));
+        assert_eq!(t.over_l2_paired, None, "no L2 step was timed beside it");
+        // A p step twice the L2 step beside it in each repetition but the
+        // last, where the L2 step stalled: paired 2; medians 6 / 4.5.
+        let l2 = [1.5, 4.5, 30.0];
+        let beside = PairedReps {
+            l2: Some(&l2),
+            ..paired
+        };
+        let p = case.result(
+            "gradclip",
+            true,
+            (samples(&plain, &reduce, &scale), (1.0, 1.0)),
+            limit,
+            roof,
+            Some(&beside),
+        );
+        assert!(close(p.over_l2_paired.unwrap(), 2.0));
     }
 }

@@ -33,8 +33,9 @@ const ROOFLINE_REGION: u32 = COPY_REGION + COPY_STAMPS;
 const POWER_REGION: u32 = ROOFLINE_REGION + ROOFLINE_STAMPS;
 const RECORDS_REGION: u32 = POWER_REGION + POWER_STAMPS;
 const WHOLE_REGION: u32 = RECORDS_REGION + RECORDS_STAMPS;
+const L2_REGION: u32 = WHOLE_REGION + WHOLE_STAMPS;
 /// Queries one repetition of a case can write.
-pub const STAMPS_PER_REP: u32 = WHOLE_REGION + WHOLE_STAMPS;
+pub const STAMPS_PER_REP: u32 = L2_REGION + GRADCLIP_STAMPS;
 
 /// Each repetition's time, in seconds, from stamp `begin` to stamp
 /// `begin + 1` of its `per_rep` stamps (nanoseconds).
@@ -138,6 +139,11 @@ pub struct CaseInputs<'a> {
     /// (needs the GPU basis), in the same repetitions.
     pub whole_step: bool,
     pub roofline: Option<RooflineCase<'a>>,
+    /// Also time the plain clip with the L2 norm and this max_norm, in the
+    /// same repetitions: a p case's step over L2's, paired by repetition
+    /// (the L2 case itself runs before or after, on a host that may have
+    /// changed speed since).
+    pub l2_beside: Option<f32>,
     pub naive: Option<(&'a naive::Naive, &'a naive::NaiveSet)>,
     pub cpu: Option<CpuCase<'a>>,
     pub norm: NormKind,
@@ -152,6 +158,8 @@ pub struct CaseSamples {
     pub tensor_norms: Option<(Samples, (f32, f32), Vec<f32>)>,
     /// The plain `clip_norm`, timed whole (--whole-step).
     pub whole_step: Option<(Samples, (f32, f32))>,
+    /// The plain L2 clip of `l2_beside`.
+    pub l2_beside: Option<(Samples, (f32, f32))>,
     /// Read and multiply roofline times, on the run's basis.
     pub read_roofline: Vec<f64>,
     pub multiply_roofline: Vec<f64>,
@@ -318,6 +326,9 @@ impl Bench {
             }
         });
         let clip_tn = clip.tensor_norms(true);
+        let clip_l2 = c
+            .l2_beside
+            .map(|m| gradclip::ClipNorm::new(m).norm(gradclip::Norm::L2));
         if let Some((naive, set)) = c.naive {
             naive.set_max_norm(set, c.max_norm);
         }
@@ -353,6 +364,8 @@ impl Bench {
         let mut records_wall = Vec::with_capacity(self.reps);
         let mut cpu_out = (0.0, 0.0);
         let (mut report, mut report_tn, mut report_wh) = (None, None, None);
+        let mut l2 = clip_l2.as_ref().map(|_| Samples::new(self.reps));
+        let mut report_l2 = None;
 
         for r in 0..self.warmup + self.reps {
             let keep = r >= self.warmup;
@@ -389,6 +402,11 @@ impl Bench {
             if let Some(s) = wh.as_mut() {
                 if let Some(rep) = self.gradclip_rep(&c, &clip, WHOLE_REGION, true, r, s)? {
                     report_wh = Some(rep);
+                }
+            }
+            if let (Some(clip_l2), Some(s)) = (&clip_l2, l2.as_mut()) {
+                if let Some(rep) = self.gradclip_rep(&c, clip_l2, L2_REGION, false, r, s)? {
+                    report_l2 = Some(rep);
                 }
             }
 
@@ -482,6 +500,9 @@ impl Bench {
             if let Some(s) = wh.as_mut() {
                 s.add_stamps(&self.region(WHOLE_REGION, WHOLE_STAMPS)?, 2, &[None]);
             }
+            if let Some(s) = l2.as_mut() {
+                self.gradclip_passes(s, L2_REGION)?;
+            }
             if let Some(s) = nv.as_mut() {
                 // Begin and end of the norms, total and scale passes.
                 let stamps = self.region(NAIVE_REGION, NAIVE_STAMPS)?;
@@ -507,6 +528,10 @@ impl Bench {
                 _ => None,
             },
             whole_step: match (wh, report_wh) {
+                (Some(s), Some(rep)) => Some((s, (rep.total_norm, rep.coefficient))),
+                _ => None,
+            },
+            l2_beside: match (l2, report_l2) {
                 (Some(s), Some(rep)) => Some((s, (rep.total_norm, rep.coefficient))),
                 _ => None,
             },

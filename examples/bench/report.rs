@@ -246,7 +246,7 @@ pub fn markdown(run: &Run) -> String {
     }
     let _ = writeln!(
         o,
-        "\n### Clip steps and no-clip steps\n\nGB/s = floor bytes (12 N for a clip, 4 N for no clip) / time; % copy = that / the copy bandwidth measured in the same case's repetitions (host copy for the CPU rows); % roof = the time the rooflines of the same repetitions need for those bytes / this time. Every repetition runs copy, gradclip (and gradclip-tensor-norms), the rooflines, naive and cpu in turn, so load changes hit them alike. Passes: gradclip reduce / finalize / gap (from finalize's end to the scale pass's start) / scale, naive norms / total / scale; reduce % and scale % are those passes against the read and multiply rooflines, median against median, and in brackets each pass's fastest repetition against each roofline's fastest (steadier where a driver's repetitions of a pass spread widely, as SwiftShader's read-only passes do, up to 2x). e2e = record + submit + wait on the host.\n"
+        "\n### Clip steps and no-clip steps\n\nGB/s = floor bytes (12 N for a clip, 4 N for no clip) / time; % copy = that / the copy bandwidth measured in the same case's repetitions (host copy for the CPU rows); % roof = the time the rooflines of the same repetitions need for those bytes / this time. Every repetition runs copy, gradclip (and gradclip-tensor-norms, and beside a p norm a plain L2 step), the rooflines, naive and cpu in turn, so load changes hit them alike. Passes: gradclip reduce / finalize / gap (from finalize's end to the scale pass's start) / scale, naive norms / total / scale; reduce % and scale % are those passes against the read and multiply rooflines, median against median, and in brackets each pass's fastest repetition against each roofline's fastest (steadier where a driver's repetitions of a pass spread widely, as SwiftShader's read-only passes do, up to 2x). e2e = record + submit + wait on the host.\n"
     );
     let _ = writeln!(
         o,
@@ -311,7 +311,7 @@ pub fn markdown(run: &Run) -> String {
     let l2 = |g: &CaseResult| row(run, "gradclip", g.n, g.tensors, NormKind::L2, g.step);
     let _ = writeln!(
         o,
-        "\n### gradclip against its limits and baselines (same run)\n\n% roof: the step against the rooflines (read for a no-clip step, read + multiply for a clip step); reduce % read and scale % multiply: those passes against the rooflines (reduce+finalize where the device has no timestamps inside passes), median against median, and in brackets fastest repetition against fastest, and paired (the median over the repetitions of each repetition's own ratio, which a host that slows down for seconds at a time moves least); tensor norms / plain: the same clip with `tensor_norms(true)` / without, medians, and in brackets paired; / L2: this norm's time / the L2 time of the same case; general p only, reduce % power: the reduce against the power roofline (|x|^p summed), and power / read: that roofline's time / the read roofline's, the least a general p's reduce can take over the read (against / L2); with tensor norms, records / read: the records roofline's time (the read writing one 16-byte record per tensor) / the read roofline's, floor / plain: (the plain step's time − its reduce + the records roofline's time) / the plain step's time, the least a step with tensor norms could take over the plain one if only its reduce changed and ran at the records roofline (against tensor norms / plain), and reduce % records: the records roofline's time / the tensor-norms step's reduce. Baseline ratios: their time / gradclip's (above 1: gradclip is faster).\n"
+        "\n### gradclip against its limits and baselines (same run)\n\n% roof: the step against the rooflines (read for a no-clip step, read + multiply for a clip step); reduce % read and scale % multiply: those passes against the rooflines (reduce+finalize where the device has no timestamps inside passes), median against median, and in brackets fastest repetition against fastest, and paired (the median over the repetitions of each repetition's own ratio, which a host that slows down for seconds at a time moves least); tensor norms / plain: the same clip with `tensor_norms(true)` / without, medians, and in brackets paired; / L2: this norm's time / the L2 time of the same case, and in brackets for a p norm paired with the plain L2 step timed in the same repetitions; general p only, reduce % power: the reduce against the power roofline (|x|^p summed), and power / read: that roofline's time / the read roofline's, the least a general p's reduce can take over the read (against / L2); with tensor norms, records / read: the records roofline's time (the read writing one 16-byte record per tensor) / the read roofline's, floor / plain: (the plain step's time − its reduce + the records roofline's time) / the plain step's time, the least a step with tensor norms could take over the plain one if only its reduce changed and ran at the records roofline (against tensor norms / plain), and reduce % records: the records roofline's time / the tensor-norms step's reduce. Baseline ratios: their time / gradclip's (above 1: gradclip is faster).\n"
     );
     let _ = writeln!(
         o,
@@ -350,7 +350,10 @@ pub fn markdown(run: &Run) -> String {
             tn.and_then(|r| r.records_over_read).map_or("–".into(), sig),
             floor.map_or("–".into(), sig),
             percent(tn.and_then(|r| r.reduce_records_fraction)),
-            l2(g).map_or("–".into(), |r| sig(g.seconds / r.seconds)),
+            l2(g).map_or("–".into(), |r| match g.over_l2_paired {
+                Some(p) => format!("{} ({})", sig(g.seconds / r.seconds), sig(p)),
+                None => sig(g.seconds / r.seconds),
+            }),
             percent(g.reduce_power_fraction),
             match (g.read_roofline_gbps, g.power_roofline_gbps) {
                 (Some(read), Some(power)) => sig(read / power),
