@@ -1744,16 +1744,20 @@ mod tests {
             plain: &plain,
             l2: None,
         };
-        let limit = ("device copy", 1.0);
         let roof = Some(rates(1.6, 3.6, case.n));
-        let r = case.result(
-            "gradclip",
-            true,
-            (samples(&plain, &reduce, &scale), (1.0, 1.0)),
-            limit,
-            roof,
-            Some(&paired),
-        );
+        // One implementation's row, with the same passes for every row.
+        let row = |implementation: &str, total: &[f64], paired: &PairedReps| {
+            let s = (samples(total, &reduce, &scale), (1.0, 1.0));
+            case.result(
+                implementation,
+                true,
+                s,
+                ("device copy", 1.0),
+                roof,
+                Some(paired),
+            )
+        };
+        let r = row("gradclip", &plain, &paired);
         let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
         // Medians: 1.6 / 3; sorted, then paired: 0.48.
         assert!(close(r.pass_roofline_fractions["reduce"], 1.6 / 3.0));
@@ -1763,14 +1767,7 @@ mod tests {
             r.over_plain_paired, None,
             "a plain row has no tensor norms / plain"
         );
-        let t = case.result(
-            "gradclip-tensor-norms",
-            true,
-            (samples(&tn, &reduce, &scale), (1.0, 1.0)),
-            limit,
-            roof,
-            Some(&paired),
-        );
+        let t = row("gradclip-tensor-norms", &tn, &paired);
         // Medians: 9.9 / 6 = 1.65; sorted, then paired: 2.2.
         assert!(close(t.seconds / r.seconds, 1.65));
         assert!(close(t.over_plain_paired.unwrap(), 1.1));
@@ -1782,14 +1779,7 @@ mod tests {
             l2: Some(&l2),
             ..paired
         };
-        let p = case.result(
-            "gradclip",
-            true,
-            (samples(&plain, &reduce, &scale), (1.0, 1.0)),
-            limit,
-            roof,
-            Some(&beside),
-        );
+        let p = row("gradclip", &plain, &beside);
         assert!(close(p.over_l2_paired.unwrap(), 2.0));
     }
 }
