@@ -16,23 +16,14 @@ with the smaller spreads is the one to read on that host. Reads .json and
 """
 
 import argparse
-import gzip
-import json
 import statistics
 import sys
+
+from compare import load
 
 REDUCE = ("reduce", "reduce+finalize")
 SCALE = ("scale",)
 ESTIMATORS = ("medians", "fastest", "paired")
-
-
-def load(path):
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        run = json.load(f)
-    if run.get("schema") != "gradclip-bench/2":
-        sys.exit(f"{path}: schema {run.get('schema')!r}, expected 'gradclip-bench/2'")
-    return run
 
 
 def rows(run, implementation):
@@ -56,19 +47,12 @@ def pass_values(row, names):
     )
 
 
-def over_plain_values(tn, plain):
+def step_ratio_values(a, b, paired_key):
+    """Row a's step time over row b's three ways; the paired one is a's field."""
     return (
-        tn["seconds"] / plain["seconds"],
-        tn["min_seconds"] / plain["min_seconds"],
-        tn.get("over_plain_paired"),
-    )
-
-
-def over_l2_values(p, l2):
-    return (
-        p["seconds"] / l2["seconds"],
-        p["min_seconds"] / l2["min_seconds"],
-        p.get("over_l2_paired"),
+        a["seconds"] / b["seconds"],
+        a["min_seconds"] / b["min_seconds"],
+        a.get(paired_key),
     )
 
 
@@ -102,10 +86,13 @@ def main():
         n, tensors, norm, step = case
         l2_case = (n, tensors, "l2", step)
         if norm not in ("l2", "inf") and all(l2_case in p for p in plain):
-            per_run["/ L2"] = [over_l2_values(p[case], p[l2_case]) for p in plain]
+            per_run["/ L2"] = [
+                step_ratio_values(p[case], p[l2_case], "over_l2_paired") for p in plain
+            ]
         if all(case in t for t in with_norms):
             per_run["tensor norms / plain"] = [
-                over_plain_values(t[case], p[case]) for t, p in zip(with_norms, plain)
+                step_ratio_values(t[case], p[case], "over_plain_paired")
+                for t, p in zip(with_norms, plain)
             ]
         for ratio, values in per_run.items():
             cells = []
@@ -117,7 +104,6 @@ def main():
                 spreads.setdefault((ratio, estimator), []).append(s[2])
                 cells.append(f"{s[0]:.3f}-{s[1]:.3f} ({s[2]:.2f}x)")
             if any(c != "–" for c in cells):
-                n, tensors, norm, step = case
                 print(f"| {n} {tensors} {norm} {step} | {ratio} | " + " | ".join(cells) + " |")
     print(f"\nSpread over the {len(runs)} runs, median and largest over the cases:\n")
     print("| ratio | " + " | ".join(ESTIMATORS) + " |")

@@ -263,6 +263,14 @@ impl Step {
             Step::Noclip => "noclip",
         }
     }
+    /// The max_norm that makes a data set of this norm clip or not.
+    fn max_norm(self, norm: f64) -> f32 {
+        let factor = match self {
+            Step::Clip => 0.5,
+            Step::Noclip => 2.0,
+        };
+        (factor * norm) as f32
+    }
 }
 
 /// What a run measured; the PyTorch peer writes the same schema.
@@ -485,9 +493,15 @@ pub fn read_mapped(device: &wgpu::Device, buffer: &wgpu::Buffer) -> Result<Vec<u
     Ok(bytes)
 }
 
-/// A row's samples on its basis: GPU time where `gpu`, else wall time.
-fn basis(s: &Samples, gpu: bool) -> &[f64] {
-    if gpu {
+/// Whether a row's times are GPU time: on a GPU-basis run, where it has
+/// GPU samples (the CPU row has none).
+fn on_gpu(s: &Samples, gpu_basis: bool) -> bool {
+    gpu_basis && !s.gpu_total.is_empty()
+}
+
+/// A row's samples on its basis (on_gpu): GPU time, else wall time.
+fn basis(s: &Samples, gpu_basis: bool) -> &[f64] {
+    if on_gpu(s, gpu_basis) {
         &s.gpu_total
     } else {
         &s.wall
@@ -642,6 +656,17 @@ struct Case {
 }
 
 impl Case {
+    /// What pass `name` is judged against: the read roofline's `read` for
+    /// the reduce (reduce+finalize, naive norms), the multiply roofline's
+    /// `multiply` for a clip's scale pass; None for the others.
+    fn pass_roofline<T>(&self, name: &str, read: T, multiply: T) -> Option<T> {
+        match name {
+            "reduce" | "reduce+finalize" | "norms" => Some(read),
+            "scale" if self.step == Step::Clip => Some(multiply),
+            _ => None,
+        }
+    }
+
     /// The result row of one implementation: medians on the run's basis
     /// (GPU time where there are timestamps, wall time otherwise).
     fn result(
@@ -653,15 +678,13 @@ impl Case {
         roofline: Option<RoofRates>,
         paired: Option<&PairedReps>,
     ) -> CaseResult {
-        let gpu = gpu_basis && !s.gpu_total.is_empty();
+        let gpu = on_gpu(&s, gpu_basis);
         // Before the medians below sort the samples out of repetition order.
         let mut pass_roofline_fractions_paired = BTreeMap::new();
         if let Some((read, multiply)) = paired.and_then(|p| p.roof) {
             for (name, v) in &s.passes {
-                let limit = match name.as_str() {
-                    "reduce" | "reduce+finalize" | "norms" => read,
-                    "scale" if self.step == Step::Clip => multiply,
-                    _ => continue,
+                let Some(limit) = self.pass_roofline(name, read, multiply) else {
+                    continue;
                 };
                 if let Some(f) = paired_ratio(limit, v) {
                     pass_roofline_fractions_paired.insert(name.clone(), f);
@@ -701,10 +724,12 @@ impl Case {
         let mut pass_roofline_fractions_fastest = BTreeMap::new();
         if let (Some(read), Some(multiply), Some(r)) = (read_time, multiply_time, roofline) {
             for (name, &t) in &passes {
-                let (limit, fastest) = match name.as_str() {
-                    "reduce" | "reduce+finalize" | "norms" => (read, r.read_fastest),
-                    "scale" if self.step == Step::Clip => (multiply, r.multiply_fastest),
-                    _ => continue,
+                let Some((limit, fastest)) = self.pass_roofline(
+                    name,
+                    (read, r.read_fastest),
+                    (multiply, r.multiply_fastest),
+                ) else {
+                    continue;
                 };
                 pass_roofline_fractions.insert(name.clone(), limit / t);
                 pass_roofline_fractions_fastest
@@ -1388,11 +1413,17 @@ fn main() -> Res<()> {
                 _ => None,
             };
             let mut records_medians = Vec::new();
+            // The L2 norm of the p cases' plain L2 step, timed beside them
+            // (/ L2, paired).
+            let l2_of_p_cases = args
+                .norms
+                .iter()
+                .any(|n| n.p().is_some())
+                .then(|| reference(NormKind::L2, &host));
             for &norm in &args.norms {
                 let total = reference(norm, &host);
                 let tol = tolerance(norm);
-                // A p case's plain L2 step, timed beside it (/ L2, paired).
-                let l2_total = (norm.p().is_some()).then(|| reference(NormKind::L2, &host));
+                let l2_total = l2_of_p_cases.filter(|_| norm.p().is_some());
                 let per_tensor: Vec<f64> = if args.tensor_norms {
                     ranges
                         .iter()
@@ -1402,10 +1433,7 @@ fn main() -> Res<()> {
                     Vec::new()
                 };
                 for step in [Step::Clip, Step::Noclip] {
-                    let max_norm = match step {
-                        Step::Clip => 0.5 * total,
-                        Step::Noclip => 2.0 * total,
-                    } as f32;
+                    let max_norm = step.max_norm(total);
                     let case = Case {
                         n,
                         tensors: t,
@@ -1442,10 +1470,7 @@ fn main() -> Res<()> {
                         }),
                         norm,
                         max_norm,
-                        l2_beside: l2_total.map(|l2| match step {
-                            Step::Clip => 0.5 * l2,
-                            Step::Noclip => 2.0 * l2,
-                        } as f32),
+                        l2_beside: l2_total.map(|l2| step.max_norm(l2)),
                     })?;
                     // Taken before the medians below sort the samples.
                     let scaled = |v: &[f64], kind: Kind, bytes: u64| -> Option<Vec<f64>> {
@@ -1455,10 +1480,7 @@ fn main() -> Res<()> {
                     };
                     let read_reps = scaled(&m.read_roofline, Kind::Read, 4 * n);
                     let multiply_reps = scaled(&m.multiply_roofline, Kind::Multiply, 8 * n);
-                    let plain_reps = {
-                        let g = &m.gradclip.0;
-                        basis(g, bench.gpu_basis && !g.gpu_total.is_empty()).to_vec()
-                    };
+                    let plain_reps = basis(&m.gradclip.0, bench.gpu_basis).to_vec();
                     let l2_reps = match (&m.l2_beside, l2_total) {
                         (Some((s, out)), Some(l2)) => {
                             let l2_case = Case {
@@ -1471,7 +1493,7 @@ fn main() -> Res<()> {
                                 *out,
                                 tolerance(NormKind::L2),
                             )?;
-                            Some(basis(s, bench.gpu_basis && !s.gpu_total.is_empty()).to_vec())
+                            Some(basis(s, bench.gpu_basis).to_vec())
                         }
                         _ => None,
                     };
