@@ -104,9 +104,9 @@ fn line(
 /// Most a roofline's medians may spread over one N's cases (largest over
 /// smallest) in a run on an undisturbed host. The multiply roofline's held
 /// within 1.06 on all three CPU drivers in the thirty-ninth session's
-/// targets runs but for the slow stretch of the README's note 2 on that
-/// table (GL at 10^7: 1.74); on the fortieth session's host both rooflines
-/// spread 1.54-1.90 over lavapipe's cases in each of two runs.
+/// targets runs but for the case that sat apart (the README's note 2 on
+/// that table; GL at 10^7: 1.74); on the fortieth session's host both
+/// rooflines spread 1.54-1.90 over lavapipe's cases in each of two runs.
 /// SwiftShader's read roofline spreads 1.35-1.57 even then (its read-only
 /// passes' repetitions spread up to 2x), so the multiply roofline is the
 /// one judged.
