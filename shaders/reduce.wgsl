@@ -271,22 +271,38 @@ fn seg_term(z: vec4<f32>) -> f32 {
     return plain_sum(plain_term(z));
 }
 
-// The plain terms of a share of run r, summed in LANES accumulators: the
-// walk of l2_quads and p_quads for an integer p. The main loop loads two
-// steps' quads before it adds either, 2 LANES loads in flight, and adds
-// them to the accumulators in the steps' order, so every accumulator
-// takes the same terms in the same order as a step at a time (the tracked
-// walk's, which must give the same bits). SwiftShader's fastest read
-// roofline keeps eight loads in flight: there the no-clip L2 step took
-// 3-10% less time with two steps a loop (10^7 and 2.5 10^7 elements, one
-// tensor and 10^4), lavapipe 9-11% less at 10^7 and the same at 2.5 10^7,
-// llvmpipe GL the same. Inf gained nothing from it anywhere (its max is
-// one operation a quad), so max_quads keeps one step a loop.
+// The plain terms of a main-loop step's quads z0..z3, added quad after
+// quad in each of the four element positions: what a step adds to its
+// share's sum, and in the tracked walk (its plain_sum) to a segment's. One
+// sum a share, not one per quad of a step: with LANES vec4 accumulators
+// the tracked walk also summed each step's terms apart for the segment (a
+// dot product per quad), twice the arithmetic and live values of the
+// plain walk.
+fn step_terms(z0: vec4<f32>, z1: vec4<f32>, z2: vec4<f32>, z3: vec4<f32>) -> vec4<f32> {
+    return fma(term_base(z3), z3, fma(term_base(z2), z2, fma(term_base(z1), z1, plain_term(z0))));
+}
+
+// The sum a share's walk starts from: the terms of its edge quads (zeros
+// for a share without them).
+fn edge_terms(r: Run, sh: Share) -> vec4<f32> {
+    let e1 = plain_value(edge_bits(r, sh, 1u));
+    return fma(term_base(e1), e1, plain_term(plain_value(edge_bits(r, sh, 0u))));
+}
+
+// The plain terms of a share of run r, summed: the walk of l2_quads and
+// p_quads for an integer p. The edge quads' terms first, each main-loop
+// step's step_terms, then the quads after the last whole step one at a
+// time. The main loop loads two steps' quads before it adds either, 2
+// LANES loads in flight, and adds the steps in order, so the sum takes the
+// same terms in the same order as a step at a time (the tracked walk's and
+// the unit walk's, which must give the same bits). SwiftShader's fastest
+// read roofline keeps eight loads in flight: there the no-clip L2 step
+// took 3-10% less time with two steps a loop (10^7 and 2.5 10^7 elements,
+// one tensor and 10^4), lavapipe 9-11% less at 10^7 and the same at 2.5
+// 10^7, llvmpipe GL the same. Inf gained nothing from it anywhere (its
+// max is one operation a quad), so max_quads keeps one step a loop.
 fn plain_quads(r: Run, sh: Share) -> vec4<f32> {
-    var s0 = plain_term(plain_value(edge_bits(r, sh, 0u)));
-    var s1 = plain_term(plain_value(edge_bits(r, sh, 1u)));
-    var s2 = vec4<f32>(0.0);
-    var s3 = vec4<f32>(0.0);
+    var s = edge_terms(r, sh);
     let st = sh.stride;
     var q = sh.first;
     for (; q + (2u * LANES - 1u) * st < sh.end; q += 2u * LANES * st) {
@@ -298,30 +314,23 @@ fn plain_quads(r: Run, sh: Share) -> vec4<f32> {
         let z5 = plain_value(load_quad(q + 5u * st));
         let z6 = plain_value(load_quad(q + 6u * st));
         let z7 = plain_value(load_quad(q + 7u * st));
-        s0 = fma(term_base(z0), z0, s0);
-        s1 = fma(term_base(z1), z1, s1);
-        s2 = fma(term_base(z2), z2, s2);
-        s3 = fma(term_base(z3), z3, s3);
-        s0 = fma(term_base(z4), z4, s0);
-        s1 = fma(term_base(z5), z5, s1);
-        s2 = fma(term_base(z6), z6, s2);
-        s3 = fma(term_base(z7), z7, s3);
+        let a = step_terms(z0, z1, z2, z3);
+        let b = step_terms(z4, z5, z6, z7);
+        s += a;
+        s += b;
     }
     for (; q + (LANES - 1u) * st < sh.end; q += LANES * st) {
         let z0 = plain_value(load_quad(q));
         let z1 = plain_value(load_quad(q + st));
         let z2 = plain_value(load_quad(q + 2u * st));
         let z3 = plain_value(load_quad(q + 3u * st));
-        s0 = fma(term_base(z0), z0, s0);
-        s1 = fma(term_base(z1), z1, s1);
-        s2 = fma(term_base(z2), z2, s2);
-        s3 = fma(term_base(z3), z3, s3);
+        s += step_terms(z0, z1, z2, z3);
     }
     for (; q < sh.end; q += st) {
         let z = plain_value(load_quad(q));
-        s0 = fma(term_base(z), z, s0);
+        s = fma(term_base(z), z, s);
     }
-    return (s0 + s1) + (s2 + s3);
+    return s;
 }
 
 fn plain_sum(v: vec4<f32>) -> f32 {
@@ -928,10 +937,7 @@ fn seg_round_end(tr: ptr<function, SegTrack>, q: u32, st: u32, cross: u32, next_
 // plain_quads of a share of a flat chunk, tracking the segments in rounds
 // of `round` steps.
 fn plain_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> vec4<f32> {
-    var s0 = plain_term(plain_value(edge_bits(r, sh, 0u)));
-    var s1 = plain_term(plain_value(edge_bits(r, sh, 1u)));
-    var s2 = vec4<f32>(0.0);
-    var s3 = vec4<f32>(0.0);
+    var s = edge_terms(r, sh);
     let st = sh.stride;
     var q = sh.first;
     // The main loop's steps start before main_end.
@@ -947,11 +953,9 @@ fn plain_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> 
             let z1 = plain_value(load_quad(q + st));
             let z2 = plain_value(load_quad(q + 2u * st));
             let z3 = plain_value(load_quad(q + 3u * st));
-            s0 = fma(term_base(z0), z0, s0);
-            s1 = fma(term_base(z1), z1, s1);
-            s2 = fma(term_base(z2), z2, s2);
-            s3 = fma(term_base(z3), z3, s3);
-            let g = (seg_term(z0) + seg_term(z1)) + (seg_term(z2) + seg_term(z3));
+            let w = step_terms(z0, z1, z2, z3);
+            s += w;
+            let g = plain_sum(w);
             let before = step_ends_by(q, st, hi);
             let after = 4u * q >= hi;
             cur += select(0.0, g, before);
@@ -967,53 +971,57 @@ fn plain_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> 
     for (; q < sh.end; q += st) {
         let b = load_quad(q);
         let z = plain_value(b);
-        s0 = fma(term_base(z), z, s0);
+        s = fma(term_base(z), z, s);
         seg_take(tr, b, q);
     }
     seg_finish(tr);
-    return (s0 + s1) + (s2 + s3);
+    return s;
 }
 
 // max_quads of a share of a flat chunk, tracking the segments as
 // plain_tracked does.
 fn inf_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> Partial {
-    var m = max(edge_bits(r, sh, 0u) & vec4(ABS_MASK), edge_bits(r, sh, 1u) & vec4(ABS_MASK));
+    var m = max4(max(edge_bits(r, sh, 0u) & vec4(ABS_MASK), edge_bits(r, sh, 1u) & vec4(ABS_MASK)));
     let st = sh.stride;
     var q = sh.first;
     // The main loop's steps start before main_end.
     let main_end = max(sh.end, (LANES - 1u) * st) - (LANES - 1u) * st;
     loop {
         let hi = (*tr).hi;
-        var cur = (*tr).top;
-        var next = vec4(0u);
+        var cur = max4((*tr).top);
+        var next = 0u;
         var cross = NO_STEP;
         let stop = min(q + round * LANES * st, main_end);
+        // A step's largest bits as one word before they go to the share
+        // and the segments (a max takes them in any order): three vec4
+        // maxima and three scalar ones, where a vec4 each for the share,
+        // the segment and the next cost four times as many lane operations.
         for (; q < stop; q += LANES * st) {
             let a0 = load_quad(q) & vec4(ABS_MASK);
             let a1 = load_quad(q + st) & vec4(ABS_MASK);
             let a2 = load_quad(q + 2u * st) & vec4(ABS_MASK);
             let a3 = load_quad(q + 3u * st) & vec4(ABS_MASK);
-            let step = max(max(a0, a1), max(a2, a3));
+            let step = max4(max(max(a0, a1), max(a2, a3)));
             m = max(m, step);
             let before = step_ends_by(q, st, hi);
             let after = 4u * q >= hi;
-            cur = max(cur, select(vec4(0u), step, before));
-            next = max(next, select(vec4(0u), step, after));
+            cur = max(cur, select(0u, step, before));
+            next = max(next, select(0u, step, after));
             cross = select(cross, q, !before && !after);
         }
-        (*tr).top = cur;
-        seg_round_end(tr, q, st, cross, 0.0, next);
+        (*tr).top = vec4(cur);
+        seg_round_end(tr, q, st, cross, 0.0, vec4(next));
         if q >= main_end {
             break;
         }
     }
     for (; q < sh.end; q += st) {
         let b = load_quad(q);
-        m = max(m, b & vec4(ABS_MASK));
+        m = max(m, max4(b & vec4(ABS_MASK)));
         seg_take(tr, b, q);
     }
     seg_finish(tr);
-    return inf_accept(r, sh, max4(m));
+    return inf_accept(r, sh, m);
 }
 
 // p_general of a share of a flat chunk, tracking the segments as
@@ -1805,9 +1813,9 @@ fn reduce_flat_tracked(c: u32, t: u32, segs: vec2<u32>, round: u32) -> Partial {
     return publish_flat(c, t);
 }
 
-// The merged walk's accumulation of a quad's bits b: plain_quads' (the
-// plain terms' sums) for L2 and an integer p, max_quads' (the largest
-// |g| bits) for Inf, each kept as bits.
+// The merged walk's accumulation of a quad's bits b: plain_quads' tail
+// (a plain term added to the sum) for L2 and an integer p, max_quads'
+// (the largest |g| bits) for Inf, each kept as bits.
 fn units_add(s: vec4<u32>, b: vec4<u32>) -> vec4<u32> {
     if KIND == 1u {
         return max(s, b & vec4(ABS_MASK));
@@ -1839,19 +1847,17 @@ fn block_quad(b: UnitsBlock, k: u32) -> vec4<u32> {
     return select(select(b.b0, b.b1, k == 1u), select(b.b2, b.b3, k == 3u), k >= 2u);
 }
 
-// Adds block b to the walk's accumulators: one quad to each where the
-// block is whole, all four to s0 in turn where it is short, as
+// Adds block b to the walk's sum: as a main-loop step (step_terms) where
+// the block is whole, its four quads in turn where it is short, as
 // plain_quads' and max_quads' tail loops do (the zeros past the end
 // change no bit: a zero term added to a sum of non-negative ones, a zero
 // to a max).
-fn units_block_add(s0: ptr<function, vec4<u32>>, s1: ptr<function, vec4<u32>>, s2: ptr<function, vec4<u32>>, s3: ptr<function, vec4<u32>>, b: UnitsBlock, whole: bool) {
-    if whole {
-        *s0 = units_add(*s0, b.b0);
-        *s1 = units_add(*s1, b.b1);
-        *s2 = units_add(*s2, b.b2);
-        *s3 = units_add(*s3, b.b3);
+fn units_block_add(s: ptr<function, vec4<u32>>, b: UnitsBlock, whole: bool) {
+    if whole && KIND != 1u {
+        let w = step_terms(plain_value(b.b0), plain_value(b.b1), plain_value(b.b2), plain_value(b.b3));
+        *s = bitcast<vec4<u32>>(bitcast<vec4<f32>>(*s) + w);
     } else {
-        *s0 = units_add(units_add(units_add(units_add(*s0, b.b0), b.b1), b.b2), b.b3);
+        *s = units_add(units_add(units_add(units_add(*s, b.b0), b.b1), b.b2), b.b3);
     }
 }
 
@@ -1871,16 +1877,10 @@ fn reduce_flat_units(c: u32, t: u32, units: vec2<u32>, walk: ptr<function, UnitW
     // quads past it, another invocation's).
     let quads = vec2(u.run.inner.x, min(u.run.inner.y, sh.end));
     let sc = stat_scale();
-    let e0 = edge_bits(r, sh, 0u);
-    let e1 = edge_bits(r, sh, 1u);
-    var s0 = e0 & vec4(ABS_MASK);
-    var s1 = e1 & vec4(ABS_MASK);
+    var s = max(edge_bits(r, sh, 0u) & vec4(ABS_MASK), edge_bits(r, sh, 1u) & vec4(ABS_MASK));
     if KIND != 1u {
-        s0 = bitcast<vec4<u32>>(plain_term(plain_value(e0)));
-        s1 = bitcast<vec4<u32>>(plain_term(plain_value(e1)));
+        s = bitcast<vec4<u32>>(edge_terms(r, sh));
     }
-    var s2 = vec4(0u);
-    var s3 = vec4(0u);
     let st = sh.stride;
     // Blocks of LANES quads, the last one short where the share ends
     // inside it: plain_quads' tail loop adds those quads to s0 in turn,
@@ -1919,11 +1919,11 @@ fn reduce_flat_units(c: u32, t: u32, units: vec2<u32>, walk: ptr<function, UnitW
                 break;
             }
         }
-        units_block_add(&s0, &s1, &s2, &s3, b, q + (LANES - 1u) * st < sh.end);
+        units_block_add(&s, b, q + (LANES - 1u) * st < sh.end);
     }
     for (; q < sh.end; q += LANES * st) {
         let b = units_block(q, st, sh.end);
-        units_block_add(&s0, &s1, &s2, &s3, b, q + (LANES - 1u) * st < sh.end);
+        units_block_add(&s, b, q + (LANES - 1u) * st < sh.end);
         if q + (LANES - 1u) * st >= quads.x && q < quads.y {
             for (var k = 0u; k < LANES; k++) {
                 unit_visit(walk, block_quad(b, k), q + k * st, quads, u, sc);
@@ -1932,10 +1932,9 @@ fn reduce_flat_units(c: u32, t: u32, units: vec2<u32>, walk: ptr<function, UnitW
     }
     var p: Partial;
     if KIND == 1u {
-        p = inf_accept(r, sh, max4(max(max(s0, s1), max(s2, s3))));
+        p = inf_accept(r, sh, max4(s));
     } else {
-        let v = (bitcast<vec4<f32>>(s0) + bitcast<vec4<f32>>(s1)) + (bitcast<vec4<f32>>(s2) + bitcast<vec4<f32>>(s3));
-        p = plain_accept(r, sh, v);
+        p = plain_accept(r, sh, bitcast<vec4<f32>>(s));
     }
     fold_shares(t, p, KIND);
     return publish_flat(c, t);

@@ -24,9 +24,8 @@ use gradclip::{shaders, ClipNorm, ClipReport, Norm};
 const CHUNK: usize = 32768;
 
 /// Quads each invocation walks in the last chunk: 4k + 3, so that after its
-/// whole steps of `LANES` quads a short one of three is left, which
-/// `plain_quads` adds to its first accumulator in turn (and two steps at a
-/// time before that).
+/// whole steps of `LANES` quads three are left, which `plain_quads` adds to
+/// its sum one at a time (and two steps a loop before that).
 const SHARE_QUADS: usize = 23;
 
 /// Elements of the first tensor in the last chunk, before the tensors whose
@@ -38,7 +37,7 @@ const LEAD: usize = 2;
 /// One-element tensors of the unit run (elements 2 to 801 of the chunk).
 const UNITS: usize = 800;
 
-/// The walk's accumulators (reduce.wgsl `LANES`).
+/// Quads of a step of the walk (reduce.wgsl `LANES`).
 const LANES: usize = 4;
 
 /// The invocation whose share holds the data: it also takes the chunk's
@@ -68,44 +67,36 @@ fn term(norm: Norm, x: f32) -> f32 {
     }
 }
 
-fn add_terms(norm: Norm, s: &mut [f32; 4], quad: [f32; 4]) {
-    for (acc, x) in s.iter_mut().zip(quad) {
-        *acc += term(norm, x);
-    }
-}
-
-/// `plain_quads` (reduce.wgsl) of one share: the edge quads start the first
-/// two accumulators, two steps of `LANES` quads a loop, then one, then the
-/// rest quad by quad into the first; the accumulators summed pairwise, and
-/// their lanes.
+/// `plain_quads` (reduce.wgsl) of one share, element position by element
+/// position: the edge quads' terms, the first's then the second's; each
+/// whole step of `LANES` quads summed quad after quad (`step_terms`) and
+/// added; then the rest quad by quad; the four positions summed pairwise.
 fn share_sum(
     norm: Norm,
     quad: impl Fn(usize) -> [f32; 4],
     (first, end, stride): (usize, usize, usize),
     edges: [[f32; 4]; 2],
 ) -> f32 {
-    let mut s = [[0f32; 4]; LANES];
-    add_terms(norm, &mut s[0], edges[0]);
-    add_terms(norm, &mut s[1], edges[1]);
+    let mut s: [f32; 4] =
+        std::array::from_fn(|l| term(norm, edges[0][l]) + term(norm, edges[1][l]));
     let mut q = first;
-    while q + (2 * LANES - 1) * stride < end {
-        for k in 0..2 * LANES {
-            add_terms(norm, &mut s[k % LANES], quad(q + k * stride));
-        }
-        q += 2 * LANES * stride;
-    }
     while q + (LANES - 1) * stride < end {
-        for (k, acc) in s.iter_mut().enumerate() {
-            add_terms(norm, acc, quad(q + k * stride));
+        let step: [[f32; 4]; LANES] = std::array::from_fn(|k| quad(q + k * stride));
+        for (l, acc) in s.iter_mut().enumerate() {
+            let w = step[1..]
+                .iter()
+                .fold(term(norm, step[0][l]), |w, z| w + term(norm, z[l]));
+            *acc += w;
         }
         q += LANES * stride;
     }
     while q < end {
-        add_terms(norm, &mut s[0], quad(q));
+        for (acc, x) in s.iter_mut().zip(quad(q)) {
+            *acc += term(norm, x);
+        }
         q += stride;
     }
-    let v: [f32; 4] = std::array::from_fn(|l| (s[0][l] + s[1][l]) + (s[2][l] + s[3][l]));
-    (v[0] + v[1]) + (v[2] + v[3])
+    (s[0] + s[1]) + (s[2] + s[3])
 }
 
 /// An element of 8 significant bits, random sign, exponent in [-6, 6].
