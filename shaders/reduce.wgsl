@@ -528,70 +528,86 @@ fn p_start(r: Run, sh: Share) -> PStart {
     return PStart(top, rf, p_terms(e0, rf.log2_m, rf.e, cfg.p), p_terms(e1, rf.log2_m, rf.e, cfg.p));
 }
 
-// General p of a share of run r, in one pass: every term relative to a
-// reference that follows the running maximum (p_limit, p_step), so the sum
-// never over- or underflows, at the price of a decode, one log2 and one
-// exp2 per element, and a compare per four quads against the reference's
-// limit. (A first pass for the maximum took 28% of the CPU drivers'
-// time.) The sum is
-// returned relative to the share's largest element: s >= 1 (that
-// element's own term).
-fn p_general(r: Run, sh: Share) -> Partial {
-    let p = cfg.p;
-    let abs4 = vec4(ABS_MASK);
+// A general p walk's state (p_general): the running maximum of the |g|
+// bits, the reference, the limit past which a step moves it (p_limit)
+// and the four accumulators of terms relative to it.
+struct PWalk {
+    top: u32,
+    rf: PRef,
+    lim: u32,
+    s0: vec4<f32>,
+    s1: vec4<f32>,
+    s2: vec4<f32>,
+    s3: vec4<f32>,
+}
+
+fn p_walk(r: Run, sh: Share) -> PWalk {
     let w = p_start(r, sh);
+    return PWalk(w.top, w.rf, p_limit(w.rf, cfg.p), w.s0, w.s1, vec4(0.0), vec4(0.0));
+}
+
+// LANES quads of a step of a walk, as bits.
+struct QuadBlock {
+    b0: vec4<u32>,
+    b1: vec4<u32>,
+    b2: vec4<u32>,
+    b3: vec4<u32>,
+}
+
+// The |g| bits of the main-loop step at quad q, stride st.
+fn abs_block(q: u32, st: u32) -> QuadBlock {
+    let abs4 = vec4(ABS_MASK);
+    return QuadBlock(load_quad(q) & abs4, load_quad(q + st) & abs4, load_quad(q + 2u * st) & abs4, load_quad(q + 3u * st) & abs4);
+}
+
+fn block_top(b: QuadBlock) -> u32 {
+    return max4(max(max(b.b0, b.b1), max(b.b2, b.b3)));
+}
+
+// Adds a step's |g| bits b, largest bt (within the limit), to walk w.
+fn p_walk_add(w: ptr<function, PWalk>, b: QuadBlock, bt: u32) {
+    let p = cfg.p;
+    let rf = (*w).rf;
+    (*w).top = max((*w).top, bt);
+    (*w).s0 += p_terms(b.b0, rf.log2_m, rf.e, p);
+    (*w).s1 += p_terms(b.b1, rf.log2_m, rf.e, p);
+    (*w).s2 += p_terms(b.b2, rf.log2_m, rf.e, p);
+    (*w).s3 += p_terms(b.b3, rf.log2_m, rf.e, p);
+}
+
+// Moves walk w's reference up to its running maximum with a step's
+// largest bits `passed` (past the limit), rescaling the sums; false,
+// moving nothing, where that maximum is not finite: exact_quads then takes
+// the share (p_finish).
+fn p_walk_rise(w: ptr<function, PWalk>, passed: u32) -> bool {
+    let p = cfg.p;
+    (*w).top = max((*w).top, passed);
+    if (*w).top >= EXP_MASK {
+        return false;
+    }
+    var rf = (*w).rf;
+    let k = p_move(&rf, (*w).top, p);
+    (*w).rf = rf;
+    (*w).lim = p_limit(rf, p);
+    (*w).s0 *= k;
+    (*w).s1 *= k;
+    (*w).s2 *= k;
+    (*w).s3 *= k;
+    return true;
+}
+
+// Walk w's quads from q0 to the share's end one at a time (those short of
+// a step), then its p-sum (p_finish).
+fn p_walk_finish(r: Run, sh: Share, w: PWalk, q0: u32) -> Partial {
+    let p = cfg.p;
     var top = w.top;
     var rf = w.rf;
     var s0 = w.s0;
     var s1 = w.s1;
-    var s2 = vec4(0.0);
-    var s3 = vec4(0.0);
-    let st = sh.stride;
-    var q = sh.first;
-    var lim = p_limit(rf, p);
-    // Blocks whose elements all stay within lim add their terms to a fixed
-    // reference; a block that passes it leaves the inner loop, moves the
-    // reference to the running maximum and goes back in at the same block,
-    // which the new lim admits (p_limit never falls below the reference,
-    // here at least the block's largest bits). A move in the inner loop,
-    // even one no element makes, cost every block a log2 and an exp2 on
-    // the CPU drivers, which run any straight-line step in full.
-    loop {
-        var passed = 0u;
-        for (; q + (LANES - 1u) * st < sh.end; q += LANES * st) {
-            let b0 = load_quad(q) & abs4;
-            let b1 = load_quad(q + st) & abs4;
-            let b2 = load_quad(q + 2u * st) & abs4;
-            let b3 = load_quad(q + 3u * st) & abs4;
-            let bt = max4(max(max(b0, b1), max(b2, b3)));
-            if bt > lim {
-                passed = bt;
-                break;
-            }
-            top = max(top, bt);
-            s0 += p_terms(b0, rf.log2_m, rf.e, p);
-            s1 += p_terms(b1, rf.log2_m, rf.e, p);
-            s2 += p_terms(b2, rf.log2_m, rf.e, p);
-            s3 += p_terms(b3, rf.log2_m, rf.e, p);
-        }
-        if passed == 0u {
-            break;
-        }
-        top = max(top, passed);
-        if top >= EXP_MASK {
-            // exact_quads below takes the whole share.
-            q = sh.end;
-            break;
-        }
-        let k = p_move(&rf, top, p);
-        lim = p_limit(rf, p);
-        s0 *= k;
-        s1 *= k;
-        s2 *= k;
-        s3 *= k;
-    }
-    for (; q < sh.end; q += st) {
-        let b = load_quad(q) & abs4;
+    var s2 = w.s2;
+    var s3 = w.s3;
+    for (var q = q0; q < sh.end; q += sh.stride) {
+        let b = load_quad(q) & vec4(ABS_MASK);
         top = max(top, max4(b));
         let step = p_step(top, rf, p);
         rf = step.r;
@@ -601,6 +617,47 @@ fn p_general(r: Run, sh: Share) -> Partial {
         s3 *= step.k;
     }
     return p_finish(r, sh, top, rf, (s0 + s1) + (s2 + s3));
+}
+
+// General p of a share of run r, in one pass: every term relative to a
+// reference that follows the running maximum (p_limit, p_step), so the sum
+// never over- or underflows, at the price of a decode, one log2 and one
+// exp2 per element, and a compare per four quads against the reference's
+// limit. (A first pass for the maximum took 28% of the CPU drivers'
+// time.) The sum is
+// returned relative to the share's largest element: s >= 1 (that
+// element's own term).
+fn p_general(r: Run, sh: Share) -> Partial {
+    var w = p_walk(r, sh);
+    let st = sh.stride;
+    var q = sh.first;
+    // Steps whose elements all stay within the limit add their terms to a
+    // fixed reference; a step that passes it leaves the inner loop, moves
+    // the reference to the running maximum and goes back in at the same
+    // step, which the new limit admits (p_limit never falls below the
+    // reference, here at least the step's largest bits). A move in the
+    // inner loop, even one no element makes, cost every step a log2 and an
+    // exp2 on the CPU drivers, which run any straight-line step in full.
+    loop {
+        var passed = 0u;
+        for (; q + (LANES - 1u) * st < sh.end; q += LANES * st) {
+            let b = abs_block(q, st);
+            let bt = block_top(b);
+            if bt > w.lim {
+                passed = bt;
+                break;
+            }
+            p_walk_add(&w, b, bt);
+        }
+        if passed == 0u {
+            break;
+        }
+        if !p_walk_rise(&w, passed) {
+            q = sh.end;
+            break;
+        }
+    }
+    return p_walk_finish(r, sh, w, q);
 }
 
 // The p-sum of a share of run r whose general p walk (p_general,
@@ -1548,10 +1605,13 @@ fn quick_visit(b: vec4<u32>, q: u32, quads: vec2<u32>, u: Units, k: UnitQuick) -
 }
 
 // What the walk over a unit run's quads left: whether some tensor of them
-// is left for unit_stats' queues, and whether some factor is not 1.
+// is left for unit_stats' queues, whether some factor is not 1, and for a
+// general p the first quad of the invocation's share whose tensors it did
+// not visit (reduce_flat_units_p).
 struct UnitWalk {
     pending: bool,
     clipped: bool,
+    rest: u32,
 }
 
 // unit_quad for quad q of bits b, where q is in [quads.x, quads.y): the
@@ -1560,16 +1620,16 @@ fn unit_visit(w: ptr<function, UnitWalk>, b: vec4<u32>, q: u32, quads: vec2<u32>
     if q >= quads.x && q < quads.y {
         var clipped = (*w).clipped;
         let left = unit_quad(b, q, u.to_tensor, sc, &clipped);
-        *w = UnitWalk((*w).pending || any(left != vec4(UNIT_DONE)), clipped);
+        *w = UnitWalk((*w).pending || any(left != vec4(UNIT_DONE)), clipped, (*w).rest);
     }
 }
 
 // The norms and factors of the tensors of unit run `units` (FUSE) of
 // flat chunk run r: each invocation takes the run's inner quads of its
 // share of r (team_share), each quad's four tensors in straight-line
-// code. For L2, Inf and an integer p the flat walk has already taken them
-// with its own loads (reduce_flat_units; `walk` is what it left), for a
-// general p a walk here does. Where some tensor of an invocation's quads
+// code. The flat walk has already taken them with its own loads
+// (reduce_flat_units; `walk` is what it left), for a general p up to
+// walk.rest (reduce_flat_units_p), and a walk here takes the rest. Where some tensor of an invocation's quads
 // is left over (plain_clip declines it, or its plain partial is not
 // kept), the invocation walks its quads again with queues: those
 // plain_clip declines queued, and
@@ -1598,7 +1658,7 @@ fn unit_stats(units: vec2<u32>, r: Run, t: u32, sc: StatScale, walk: UnitWalk) -
         // Quick tensors while they last, then unit_visit (CPU drivers run
         // a branch between them at the price of both).
         let quick = unit_quick(sc);
-        var q = sh.first;
+        var q = max(sh.first, walk.rest);
         for (; q < sh.end; q += sh.stride) {
             if !quick_visit(load_quad(q), q, ur.inner, u, quick) {
                 break;
@@ -1832,18 +1892,11 @@ fn quad_before(q0: u32, q: u32, end: u32) -> vec4<u32> {
 
 // A block of reduce_flat_units' walk: quads q + k st, k < LANES, each
 // where it is before `end`, else zeros (quad_before).
-struct UnitsBlock {
-    b0: vec4<u32>,
-    b1: vec4<u32>,
-    b2: vec4<u32>,
-    b3: vec4<u32>,
+fn units_block(q: u32, st: u32, end: u32) -> QuadBlock {
+    return QuadBlock(load_quad(q), quad_before(q, q + st, end), quad_before(q, q + 2u * st, end), quad_before(q, q + 3u * st, end));
 }
 
-fn units_block(q: u32, st: u32, end: u32) -> UnitsBlock {
-    return UnitsBlock(load_quad(q), quad_before(q, q + st, end), quad_before(q, q + 2u * st, end), quad_before(q, q + 3u * st, end));
-}
-
-fn block_quad(b: UnitsBlock, k: u32) -> vec4<u32> {
+fn block_quad(b: QuadBlock, k: u32) -> vec4<u32> {
     return select(select(b.b0, b.b1, k == 1u), select(b.b2, b.b3, k == 3u), k >= 2u);
 }
 
@@ -1852,7 +1905,7 @@ fn block_quad(b: UnitsBlock, k: u32) -> vec4<u32> {
 // plain_quads' and max_quads' tail loops do (the zeros past the end
 // change no bit: a zero term added to a sum of non-negative ones, a zero
 // to a max).
-fn units_block_add(s: ptr<function, vec4<u32>>, b: UnitsBlock, whole: bool) {
+fn units_block_add(s: ptr<function, vec4<u32>>, b: QuadBlock, whole: bool) {
     if whole && KIND != 1u {
         let w = step_terms(plain_value(b.b0), plain_value(b.b1), plain_value(b.b2), plain_value(b.b3));
         *s = bitcast<vec4<u32>>(bitcast<vec4<f32>>(*s) + w);
@@ -1862,7 +1915,7 @@ fn units_block_add(s: ptr<function, vec4<u32>>, b: UnitsBlock, whole: bool) {
 }
 
 // reduce_flat for a chunk with unit run `units` (FUSE; L2, Inf or an
-// integer p): the flat walk of plain_quads or max_quads, the same quads
+// integer p; reduce_flat_units_p for a general p): the flat walk of plain_quads or max_quads, the same quads
 // in the same accumulators, so the global result keeps its bits, also
 // giving the run's tensors their results from the same loads (unit_visit;
 // unit_stats does the rest with what *walk says). A second walk over the
@@ -1894,7 +1947,7 @@ fn reduce_flat_units(c: u32, t: u32, units: vec2<u32>, walk: ptr<function, UnitW
     // 4.4; its pipelines compiled a sixth faster). lavapipe's and
     // llvmpipe's LLVM unrolls it back (the same times as four copies).
     // A loop over a quad's four tensors as well cost SwiftShader a third
-    // more than four written out. (UnitsBlock holds LANES quads.)
+    // more than four written out. (QuadBlock holds LANES quads.)
     const_assert LANES == 4u;
     let quick = unit_quick(sc);
     var q = sh.first;
@@ -1936,6 +1989,68 @@ fn reduce_flat_units(c: u32, t: u32, units: vec2<u32>, walk: ptr<function, UnitW
     } else {
         p = plain_accept(r, sh, bitcast<vec4<f32>>(s));
     }
+    fold_shares(t, p, KIND);
+    return publish_flat(c, t);
+}
+
+// reduce_flat_units for a general p: p_general's walk, the same steps in
+// the same accumulators, so the global result keeps its bits, also giving
+// the unit run's tensors their quick results (quick_visit) from the same
+// loads while every tensor of a step is quick. From the first step that
+// has another, a non-finite element (which ends the walk) or the quads
+// past the last step, walk.rest leaves them to unit_stats' walk: a second
+// walk over the run's quads cost the per-tensor reduce of 200 000
+// one-element tensors (p = 1.5, no-clip) 2.5 times the plain one on
+// lavapipe. unit_visit itself stays out of this walk: a general p's is
+// rare (a tensor that clips, or is not finite), and one more inlined
+// copy of unit_plain for every step.
+fn reduce_flat_units_p(c: u32, t: u32, units: vec2<u32>, walk: ptr<function, UnitWalk>) -> Partial {
+    let ch = chunk_at(c);
+    let r = run_of(ch.start, ch.len);
+    let sh = team_share(r, t);
+    let u = units_of(units);
+    let quick = unit_quick(stat_scale());
+    // The run's inner quads while the visits last, then none.
+    var visits = u.run.inner;
+    var rest = sh.end;
+    var w = p_walk(r, sh);
+    let st = sh.stride;
+    var q = sh.first;
+    var finite = true;
+    loop {
+        var passed = 0u;
+        for (; q + (LANES - 1u) * st < sh.end; q += LANES * st) {
+            let b = abs_block(q, st);
+            let bt = block_top(b);
+            if bt > w.lim {
+                passed = bt;
+                break;
+            }
+            if q + (LANES - 1u) * st >= visits.x && q < visits.y {
+                let q0 = quick_visit(b.b0, q, visits, u, quick);
+                let q1 = quick_visit(b.b1, q + st, visits, u, quick);
+                let q2 = quick_visit(b.b2, q + 2u * st, visits, u, quick);
+                let q3 = quick_visit(b.b3, q + 3u * st, visits, u, quick);
+                if !(q0 && q1 && q2 && q3) {
+                    rest = q;
+                    visits = vec2(0u);
+                }
+            }
+            p_walk_add(&w, b, bt);
+        }
+        if passed == 0u {
+            break;
+        }
+        if !p_walk_rise(&w, passed) {
+            finite = false;
+            break;
+        }
+    }
+    if visits.y != 0u {
+        rest = q;
+    }
+    (*walk).rest = rest;
+    let p = p_walk_finish(r, sh, w, select(sh.end, q, finite));
     fold_shares(t, p, KIND);
     return publish_flat(c, t);
 }
@@ -2019,10 +2134,12 @@ fn reduce_tensors(
         // inline it, and a copy per walk took the first per-tensor step
         // twice as long to compile on lavapipe and llvmpipe GL.
         var whole: Partial;
-        var walk = UnitWalk(false, false);
+        var walk = UnitWalk(false, false, 0u);
         if round != 0u {
             whole = reduce_flat_tracked(c, t, segs, round);
-        } else if has_units && !general_p() {
+        } else if has_units && general_p() {
+            whole = reduce_flat_units_p(c, t, units, &walk);
+        } else if has_units {
             whole = reduce_flat_units(c, t, units, &walk);
         } else {
             whole = reduce_flat(c, t);

@@ -560,6 +560,76 @@ fn one_element_tensors_have_norm_x_wherever_they_lie() {
     assert_no_wgpu_errors();
 }
 
+#[test]
+fn a_general_p_unit_run_hands_the_rest_of_its_walk_on() {
+    // For a general p the reduce pass gives a run of one-element tensors
+    // their results in its flat walk (reduce.wgsl, reduce_flat_units_p)
+    // while every tensor of a step has factor 1 and a normal or zero
+    // element, and leaves the rest of the invocation's share to a second
+    // walk: from a tensor that clips, from a non-finite element (which ends
+    // the flat walk), and the quads short of a step. Here the run's
+    // magnitudes rise from 2^-20 to 2^20 every 600 tensors, within any
+    // invocation's share of a chunk (it spans 1024 elements) by more than
+    // the walk's span of 2^(32 / p), so that its reference moves
+    // (p_walk_rise) between visits; and in the second layout one
+    // tensor clips and a later one is infinite, each deep inside a share
+    // whose earlier tensors are all visited. Every tensor's norm must be
+    // exactly |x| and its factor that of float64, and the global results
+    // those of the clip without per-tensor results.
+    let run = 6000;
+    let mut sizes = vec![3];
+    sizes.extend(std::iter::repeat_n(1, run));
+    sizes.push(2001);
+    let n: usize = sizes.iter().sum();
+    let mut data = values(n, 16);
+    for (k, x) in data[3..3 + run].iter_mut().enumerate() {
+        let scale = 2f32.powi((k % 600 * 41 / 600) as i32 - 20);
+        *x = (0.5 + (*x).abs() / 60.0) * scale * if k % 2 == 0 { 1.0 } else { -1.0 };
+    }
+    let max_norm = 1e12;
+    for (clips, inf) in [(None, None), (Some(1901), Some(2203))] {
+        let mut data = data.clone();
+        if let Some(k) = clips {
+            data[3 + k] = -3e12;
+        }
+        if let Some(k) = inf {
+            data[3 + k] = f32::INFINITY;
+        }
+        let clip = ClipNorm::new(max_norm).norm(Norm::P(1.5));
+        let what = format!("clips={clips:?} inf={inf:?}");
+        let (plain, plain_after) = run_clip(&data, &sizes, |set, enc| set.clip_norm(enc, &clip));
+        let plain = plain.unwrap();
+        let per_tensor = clip.per_tensor(true);
+        let (report, after) = run_clip(&data, &sizes, |set, enc| set.clip_norm(enc, &per_tensor));
+        let report = report.unwrap();
+        assert_eq!(
+            (report.total_norm.to_bits(), report.partial.to_bytes()),
+            (plain.total_norm.to_bits(), plain.partial.to_bytes()),
+            "{what}: per_tensor(true) moved the global results"
+        );
+        if inf.is_none() {
+            assert_identical(&plain_after, &data, &format!("{what}: the global clip"));
+        }
+        let (norms, want) = per_tensor_reference(&data, &sizes, Order::P(1.5), max_norm, false);
+        for t in 1..=run {
+            let x = data[t + 2];
+            assert_eq!(
+                report.tensor_norms[t],
+                x.abs(),
+                "{what}: tensor {t} ({x:e}), norm"
+            );
+            let factor = report.tensor_coefficients[t] as f64;
+            let expect = (max_norm as f64 / (norms[t] + 1e-6)).min(1.0);
+            assert!(
+                rel_diff(factor, expect) <= 1e-6,
+                "{what}: tensor {t} ({x:e}) factor {factor:e} against {expect:e}"
+            );
+        }
+        assert_close(&after, &want, 1e-6, &what);
+    }
+    assert_no_wgpu_errors();
+}
+
 /// Where each tensor of a packed layout of `sizes` starts.
 fn starts_of(sizes: &[usize]) -> Vec<usize> {
     sizes

@@ -19,7 +19,8 @@ const FIXED: [usize; 12] = [1, 3, 1000, 40_001, 7, 70_000, 2, 5003, 1, 33_333, 6
 /// last across a chunk boundary on every device (element 131 072: chunks
 /// of 131 072 elements on CPU adapters, 32 768 on others). The reduce pass
 /// gives a chunk's longest run its tensors' results during its flat walk
-/// (reduce.wgsl, reduce_flat_units), which must add the same terms in the
+/// (reduce.wgsl, reduce_flat_units and for a general p
+/// reduce_flat_units_p), which must add the same terms in the
 /// same order as a walk without them. Whether another order shows in the
 /// global bits depends on the data: with these values a swap of two
 /// accumulators in that walk did, where runs of 20 000 and 9 000 did not.
@@ -153,7 +154,9 @@ fn global_norm_ignores_per_tensor_options() {
     for seed in 0..SEEDS {
         let sizes = sizes(seed);
         let layout = GradLayout::from_sizes(&sizes).unwrap();
-        for norm in NORMS {
+        // A general p too: its unit runs' walk (reduce_flat_units_p) is
+        // one of its own.
+        for norm in [NORMS.as_slice(), &[Norm::P(1.5)]].concat() {
             let data = values(sizes.iter().sum(), seed);
             let bytes: &[u8] = bytemuck::cast_slice(&data);
             // A max norm well below the total: every option clips.
