@@ -1629,9 +1629,10 @@ fn unit_visit(w: ptr<function, UnitWalk>, b: vec4<u32>, q: u32, quads: vec2<u32>
 // share of r (team_share), each quad's four tensors in straight-line
 // code. The flat walk has already taken them with its own loads
 // (reduce_flat_units; `walk` is what it left), for a general p up to
-// walk.rest (reduce_flat_units_p), and a walk here takes the rest. Where some tensor of an invocation's quads
-// is left over (plain_clip declines it, or its plain partial is not
-// kept), the invocation walks its quads again with queues: those
+// walk.rest (reduce_flat_units_p), and a walk here takes the rest. Where
+// some tensor of an invocation's quads is left over (plain_clip declines
+// it, or its plain partial is not kept), the invocation walks its quads
+// again with queues: those
 // plain_clip declines queued, and
 // those whose plain partial is not kept queued for exact_quads too (its
 // partial stored in the segment's slot, as the per-segment fold does:
@@ -1915,8 +1916,9 @@ fn units_block_add(s: ptr<function, vec4<u32>>, b: QuadBlock, whole: bool) {
 }
 
 // reduce_flat for a chunk with unit run `units` (FUSE; L2, Inf or an
-// integer p; reduce_flat_units_p for a general p): the flat walk of plain_quads or max_quads, the same quads
-// in the same accumulators, so the global result keeps its bits, also
+// integer p; reduce_flat_units_p for a general p): the flat walk of
+// plain_quads or max_quads, the same quads in the same accumulators, so
+// the global result keeps its bits, also
 // giving the run's tensors their results from the same loads (unit_visit;
 // unit_stats does the rest with what *walk says). A second walk over the
 // run's quads cost lavapipe as much as the flat walk itself (their loads,
