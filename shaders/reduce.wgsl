@@ -564,26 +564,34 @@ fn block_top(b: QuadBlock) -> u32 {
     return max4(max(max(b.b0, b.b1), max(b.b2, b.b3)));
 }
 
-// Adds a step's |g| bits b, largest bt (within the limit), to walk w.
-fn p_walk_add(w: ptr<function, PWalk>, b: QuadBlock, bt: u32) {
+// Adds a step's |g| bits b, largest bt (within the limit), to walk w;
+// returns the step's terms, summed by lane of the quads (p_tracked's
+// segment takes them too).
+fn p_walk_add(w: ptr<function, PWalk>, b: QuadBlock, bt: u32) -> vec4<f32> {
     let p = cfg.p;
     let rf = (*w).rf;
     (*w).top = max((*w).top, bt);
-    (*w).s0 += p_terms(b.b0, rf.log2_m, rf.e, p);
-    (*w).s1 += p_terms(b.b1, rf.log2_m, rf.e, p);
-    (*w).s2 += p_terms(b.b2, rf.log2_m, rf.e, p);
-    (*w).s3 += p_terms(b.b3, rf.log2_m, rf.e, p);
+    let t0 = p_terms(b.b0, rf.log2_m, rf.e, p);
+    let t1 = p_terms(b.b1, rf.log2_m, rf.e, p);
+    let t2 = p_terms(b.b2, rf.log2_m, rf.e, p);
+    let t3 = p_terms(b.b3, rf.log2_m, rf.e, p);
+    (*w).s0 += t0;
+    (*w).s1 += t1;
+    (*w).s2 += t2;
+    (*w).s3 += t3;
+    return (t0 + t1) + (t2 + t3);
 }
 
 // Moves walk w's reference up to its running maximum with a step's
-// largest bits `passed` (past the limit), rescaling the sums; false,
-// moving nothing, where that maximum is not finite: exact_quads then takes
-// the share (p_finish).
-fn p_walk_rise(w: ptr<function, PWalk>, passed: u32) -> bool {
+// largest bits `passed` (past the limit), rescales the sums and returns
+// the factor it rescaled them by (for a caller's own sums). Where that
+// maximum is not finite it moves nothing and returns 1: the walk ends
+// there, and p_walk_finish hands the share to exact_quads.
+fn p_walk_rise(w: ptr<function, PWalk>, passed: u32) -> f32 {
     let p = cfg.p;
     (*w).top = max((*w).top, passed);
     if (*w).top >= EXP_MASK {
-        return false;
+        return 1.0;
     }
     var rf = (*w).rf;
     let k = p_move(&rf, (*w).top, p);
@@ -593,30 +601,34 @@ fn p_walk_rise(w: ptr<function, PWalk>, passed: u32) -> bool {
     (*w).s1 *= k;
     (*w).s2 *= k;
     (*w).s3 *= k;
-    return true;
+    return k;
+}
+
+// Adds one quad's |g| bits b to walk w, short of a step: the reference
+// follows the running maximum at once (p_step). Returns the factor that
+// rescaled the sums (1 where the reference stayed).
+fn p_walk_quad(w: ptr<function, PWalk>, b: vec4<u32>) -> f32 {
+    let p = cfg.p;
+    (*w).top = max((*w).top, max4(b));
+    let step = p_step((*w).top, (*w).rf, p);
+    let rf = step.r;
+    (*w).rf = rf;
+    (*w).s0 = (*w).s0 * step.k + p_terms(b, rf.log2_m, rf.e, p);
+    (*w).s1 *= step.k;
+    (*w).s2 *= step.k;
+    (*w).s3 *= step.k;
+    return step.k;
 }
 
 // Walk w's quads from q0 to the share's end one at a time (those short of
-// a step), then its p-sum (p_finish).
-fn p_walk_finish(r: Run, sh: Share, w: PWalk, q0: u32) -> Partial {
-    let p = cfg.p;
-    var top = w.top;
-    var rf = w.rf;
-    var s0 = w.s0;
-    var s1 = w.s1;
-    var s2 = w.s2;
-    var s3 = w.s3;
-    for (var q = q0; q < sh.end; q += sh.stride) {
-        let b = load_quad(q) & vec4(ABS_MASK);
-        top = max(top, max4(b));
-        let step = p_step(top, rf, p);
-        rf = step.r;
-        s0 = s0 * step.k + p_terms(b, rf.log2_m, rf.e, p);
-        s1 *= step.k;
-        s2 *= step.k;
-        s3 *= step.k;
+// a step), then its p-sum (p_finish). A walk that met a non-finite
+// element skips them: exact_quads redoes the share.
+fn p_walk_finish(r: Run, sh: Share, w0: PWalk, q0: u32) -> Partial {
+    var w = w0;
+    for (var q = select(sh.end, q0, w.top < EXP_MASK); q < sh.end; q += sh.stride) {
+        p_walk_quad(&w, load_quad(q) & vec4(ABS_MASK));
     }
-    return p_finish(r, sh, top, rf, (s0 + s1) + (s2 + s3));
+    return p_finish(r, sh, w.top, w.rf, (w.s0 + w.s1) + (w.s2 + w.s3));
 }
 
 // General p of a share of run r, in one pass: every term relative to a
@@ -652,8 +664,8 @@ fn p_general(r: Run, sh: Share) -> Partial {
         if passed == 0u {
             break;
         }
-        if !p_walk_rise(&w, passed) {
-            q = sh.end;
+        p_walk_rise(&w, passed);
+        if w.top >= EXP_MASK {
             break;
         }
     }
@@ -1090,18 +1102,9 @@ fn inf_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> Pa
 // p_general's, and the lane's reference becomes EXP_MASK: p_slot marks
 // every slot the lane stores after it.
 fn p_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> Partial {
-    let p = cfg.p;
-    let abs4 = vec4(ABS_MASK);
-    let w = p_start(r, sh);
-    var top = w.top;
-    var rf = w.rf;
-    var s0 = w.s0;
-    var s1 = w.s1;
-    var s2 = vec4(0.0);
-    var s3 = vec4(0.0);
+    var w = p_walk(r, sh);
     let st = sh.stride;
     var q = sh.first;
-    var lim = p_limit(rf, p);
     // The main loop's steps start before main_end.
     let main_end = max(sh.end, (LANES - 1u) * st) - (LANES - 1u) * st;
     loop {
@@ -1112,31 +1115,19 @@ fn p_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> Part
         var next_top = 0u;
         var cross = NO_STEP;
         let stop = min(q + round * LANES * st, main_end);
-        // The round's steps; a step that passes lim moves the reference
-        // and the sums (the segment's with the accumulators) as in
-        // p_general, and goes back in at the same step.
+        // The round's steps; a step that passes the limit moves the
+        // reference and the sums (the segment's with the accumulators) as
+        // in p_general, and goes back in at the same step.
         loop {
             var passed = 0u;
             for (; q < stop; q += LANES * st) {
-                let b0 = load_quad(q) & abs4;
-                let b1 = load_quad(q + st) & abs4;
-                let b2 = load_quad(q + 2u * st) & abs4;
-                let b3 = load_quad(q + 3u * st) & abs4;
-                let bt = max4(max(max(b0, b1), max(b2, b3)));
-                if bt > lim {
+                let b = abs_block(q, st);
+                let bt = block_top(b);
+                if bt > w.lim {
                     passed = bt;
                     break;
                 }
-                top = max(top, bt);
-                let t0 = p_terms(b0, rf.log2_m, rf.e, p);
-                let t1 = p_terms(b1, rf.log2_m, rf.e, p);
-                let t2 = p_terms(b2, rf.log2_m, rf.e, p);
-                let t3 = p_terms(b3, rf.log2_m, rf.e, p);
-                s0 += t0;
-                s1 += t1;
-                s2 += t2;
-                s3 += t3;
-                let g = plain_sum((t0 + t1) + (t2 + t3));
+                let g = plain_sum(p_walk_add(&w, b, bt));
                 let before = step_ends_by(q, st, hi);
                 let after = 4u * q >= hi;
                 cur += select(0.0, g, before);
@@ -1148,20 +1139,14 @@ fn p_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> Part
             if passed == 0u {
                 break;
             }
-            top = max(top, passed);
-            if top >= EXP_MASK {
+            let k = p_walk_rise(&w, passed);
+            if w.top >= EXP_MASK {
                 break;
             }
-            let k = p_move(&rf, top, p);
-            lim = p_limit(rf, p);
-            s0 *= k;
-            s1 *= k;
-            s2 *= k;
-            s3 *= k;
             cur *= k;
             next *= k;
         }
-        if top >= EXP_MASK {
+        if w.top >= EXP_MASK {
             // exact_quads takes the whole share; the lane's slots from
             // here on are marked.
             (*tr).rf.bits = EXP_MASK;
@@ -1170,27 +1155,20 @@ fn p_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> Part
         }
         (*tr).sum = cur;
         (*tr).top = vec4(cur_top);
-        (*tr).rf = rf;
+        (*tr).rf = w.rf;
         seg_round_end(tr, q, st, cross, next, vec4(next_top));
         if q >= main_end {
             break;
         }
     }
     for (; q < sh.end; q += st) {
-        let b = load_quad(q) & abs4;
-        top = max(top, max4(b));
-        let step = p_step(top, rf, p);
-        rf = step.r;
-        s0 = s0 * step.k + p_terms(b, rf.log2_m, rf.e, p);
-        s1 *= step.k;
-        s2 *= step.k;
-        s3 *= step.k;
-        (*tr).sum *= step.k;
-        (*tr).rf = rf;
+        let b = load_quad(q) & vec4(ABS_MASK);
+        (*tr).sum *= p_walk_quad(&w, b);
+        (*tr).rf = w.rf;
         seg_take(tr, b, q);
     }
     seg_finish(tr);
-    return p_finish(r, sh, top, rf, (s0 + s1) + (s2 + s3));
+    return p_walk_finish(r, sh, w, sh.end);
 }
 
 // Segment s (sg) of flat chunk run r: its partial from the slots and its
@@ -2018,7 +1996,6 @@ fn reduce_flat_units_p(c: u32, t: u32, units: vec2<u32>, walk: ptr<function, Uni
     var w = p_walk(r, sh);
     let st = sh.stride;
     var q = sh.first;
-    var finite = true;
     loop {
         var passed = 0u;
         for (; q + (LANES - 1u) * st < sh.end; q += LANES * st) {
@@ -2043,8 +2020,8 @@ fn reduce_flat_units_p(c: u32, t: u32, units: vec2<u32>, walk: ptr<function, Uni
         if passed == 0u {
             break;
         }
-        if !p_walk_rise(&w, passed) {
-            finite = false;
+        p_walk_rise(&w, passed);
+        if w.top >= EXP_MASK {
             break;
         }
     }
@@ -2052,7 +2029,7 @@ fn reduce_flat_units_p(c: u32, t: u32, units: vec2<u32>, walk: ptr<function, Uni
         rest = q;
     }
     (*walk).rest = rest;
-    let p = p_walk_finish(r, sh, w, select(sh.end, q, finite));
+    let p = p_walk_finish(r, sh, w, q);
     fold_shares(t, p, KIND);
     return publish_flat(c, t);
 }
