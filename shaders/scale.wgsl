@@ -64,28 +64,35 @@ fn store_inside(q: u32, r: Run, v: vec4<f32>) {
     }
 }
 
-// Two quads of a run, TEAM apart: what one invocation loads before it
+// Four quads of a run, TEAM apart: what one invocation loads before it
 // stores any (a store may alias a later load, so the compiler cannot hoist
-// loads above it). Two rather than four: SwiftShader's scale pass took
-// 8% less time with two (10^7 elements, 26.0-27.7 ms -> 23.8-26.3; one
-// quad, 27.5-27.9), lavapipe and llvmpipe GL the same with either; no GPU
-// has run either. The reduce keeps four quads a step (LANES): it stores
-// nothing between its loads.
+// loads above it), as many as the reduce's step (LANES) and the multiply
+// roofline's fastest shape. Two were faster on SwiftShader on an older
+// host (10^7 elements, 26.0-27.7 ms against 23.8-26.3 with four); on
+// today's 2-core EPYC four are (the L2 clip's scale pass 18.9-23.0 ms ->
+// 17.7-18.6, 73-79% of the multiply roofline -> 80-90%, paired), and
+// lavapipe and llvmpipe GL run the same with either.
 struct Block {
     q0: vec4<f32>,
     q1: vec4<f32>,
+    q2: vec4<f32>,
+    q3: vec4<f32>,
 }
 
 fn load_block(q: u32) -> Block {
     return Block(
         bitcast<vec4<f32>>(load_quad(q)),
         bitcast<vec4<f32>>(load_quad(q + TEAM)),
+        bitcast<vec4<f32>>(load_quad(q + 2u * TEAM)),
+        bitcast<vec4<f32>>(load_quad(q + 3u * TEAM)),
     );
 }
 
 fn store_block(q: u32, b: Block) {
     store_quad(q, b.q0);
     store_quad(q + TEAM, b.q1);
+    store_quad(q + 2u * TEAM, b.q2);
+    store_quad(q + 3u * TEAM, b.q3);
 }
 
 // A quad's elements through scaled().
@@ -108,21 +115,24 @@ fn plain_floor(fast: f32) -> u32 {
     return (u32(max(1, 128 - ef)) << 23u) - 1u;
 }
 
-// Whether every element of a block is plain (above `lowest`, or zero): the
-// bits minus one send a zero to the top of the u32 range.
+// A quad's |g| bits minus one, which plain_floor's bound tests: the minus
+// one sends a zero to the top of the u32 range, so a zero passes.
+fn plain_key(g: vec4<f32>) -> vec4<u32> {
+    return (bitcast<vec4<u32>>(g) & vec4(ABS_MASK)) - vec4(1u);
+}
+
+// Whether every element of a block is plain (above `lowest`, or zero).
 fn block_plain(g: Block, lowest: u32) -> bool {
-    let one = vec4(1u);
-    let a0 = (bitcast<vec4<u32>>(g.q0) & vec4(ABS_MASK)) - one;
-    let a1 = (bitcast<vec4<u32>>(g.q1) & vec4(ABS_MASK)) - one;
-    return all(min(a0, a1) >= vec4(lowest));
+    return all(min(min(plain_key(g.q0), plain_key(g.q1)), min(plain_key(g.q2), plain_key(g.q3))) >= vec4(lowest));
 }
 
 // Invocation t's quads of run [start, start + len): its team's piece of the
 // inner quads (team_walk), and for lanes 0 and 1 an edge quad. A multiply
 // by a normal factor stores plain products a Block at a time while
-// block_plain holds; from the first block where it does not (and for the
-// other kinds, or a factor that is not normal), every
-// element goes through scaled() (clip_mul_exact) one quad at a time.
+// block_plain holds, then a quad at a time while each quad is plain; from
+// the first quad that is not (and for the other kinds, or a factor that
+// is not normal), every element goes through scaled() (clip_mul_exact)
+// one quad at a time.
 // Separate loops rather than a branch per block: SIMD CPU drivers
 // (SwiftShader) run a branch's body under a lane mask even when no lane
 // takes it, so an exact path inside the fast loop cost its full price on
@@ -136,13 +146,25 @@ fn scale_run(start: u32, len: u32, t: u32, kind: u32, fast: f32, m: f32, e: i32)
     var u = w.first;
     if kind == SCALE_MULTIPLY && bitcast<u32>(fast) != 0u {
         let lowest = plain_floor(fast);
-        for (; u + TEAM < w.end; u += 2u * TEAM) {
+        for (; u + 3u * TEAM < w.end; u += 4u * TEAM) {
             let q = r.inner.x + u;
             let g = load_block(q);
             if !block_plain(g, lowest) {
                 break;
             }
-            store_block(q, Block(g.q0 * fast, g.q1 * fast));
+            store_block(q, Block(g.q0 * fast, g.q1 * fast, g.q2 * fast, g.q3 * fast));
+        }
+        // The quads short of a block (up to three), or from the block that
+        // was not plain, still plain a quad at a time: with four-quad
+        // blocks, pieces of a few quads (a small tensor's, clipped per
+        // tensor) would otherwise send up to three of them to scaled().
+        for (; u < w.end; u += TEAM) {
+            let q = r.inner.x + u;
+            let g = bitcast<vec4<f32>>(load_quad(q));
+            if !all(plain_key(g) >= vec4(lowest)) {
+                break;
+            }
+            store_quad(q, g * fast);
         }
     }
     for (; u < w.end; u += TEAM) {
