@@ -299,8 +299,7 @@ fn edge_terms(r: Run, sh: Share) -> vec4<f32> {
 // read roofline keeps eight loads in flight: there the no-clip L2 step
 // took 3-10% less time with two steps a loop (10^7 and 2.5 10^7 elements,
 // one tensor and 10^4), lavapipe 9-11% less at 10^7 and the same at 2.5
-// 10^7, llvmpipe GL the same. Inf gained nothing from it anywhere (its
-// max is one operation a quad), so max_quads keeps one step a loop.
+// 10^7, llvmpipe GL the same. max_quads does the same.
 fn plain_quads(r: Run, sh: Share) -> vec4<f32> {
     var s = edge_terms(r, sh);
     let st = sh.stride;
@@ -353,11 +352,26 @@ fn max4(a: vec4<u32>) -> u32 {
     return max(max(a.x, a.y), max(a.z, a.w));
 }
 
-// The largest |g| bits of a share of run r.
+// The largest |g| bits of a share of run r, two main-loop steps a loop as
+// in plain_quads (a max takes any order). On the host of the thirty-third
+// session Inf gained nothing from that; on the forty-ninth's (a 2-core
+// EPYC) SwiftShader's Inf reduce took 5-10% less time (10^7 elements, one
+// tensor: 14.8-16.8 ms -> 13.7-14.6), lavapipe and llvmpipe GL the same.
 fn max_quads(r: Run, sh: Share) -> u32 {
     var m = max(edge_bits(r, sh, 0u) & vec4(ABS_MASK), edge_bits(r, sh, 1u) & vec4(ABS_MASK));
     let st = sh.stride;
     var q = sh.first;
+    for (; q + (2u * LANES - 1u) * st < sh.end; q += 2u * LANES * st) {
+        let b0 = load_quad(q) & vec4(ABS_MASK);
+        let b1 = load_quad(q + st) & vec4(ABS_MASK);
+        let b2 = load_quad(q + 2u * st) & vec4(ABS_MASK);
+        let b3 = load_quad(q + 3u * st) & vec4(ABS_MASK);
+        let b4 = load_quad(q + 4u * st) & vec4(ABS_MASK);
+        let b5 = load_quad(q + 5u * st) & vec4(ABS_MASK);
+        let b6 = load_quad(q + 6u * st) & vec4(ABS_MASK);
+        let b7 = load_quad(q + 7u * st) & vec4(ABS_MASK);
+        m = max(m, max(max(max(b0, b1), max(b2, b3)), max(max(b4, b5), max(b6, b7))));
+    }
     for (; q + (LANES - 1u) * st < sh.end; q += LANES * st) {
         let b0 = load_quad(q) & vec4(ABS_MASK);
         let b1 = load_quad(q + st) & vec4(ABS_MASK);
