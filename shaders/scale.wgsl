@@ -68,7 +68,7 @@ fn store_inside(q: u32, r: Run, v: vec4<f32>) {
 // stores any (a store may alias a later load, so the compiler cannot hoist
 // loads above it), as many as the reduce's step (LANES) and the multiply
 // roofline's fastest shape. Two were faster on SwiftShader on an older
-// host (10^7 elements, 26.0-27.7 ms against 23.8-26.3 with four); on
+// host (10^7 elements, 23.8-26.3 ms against 26.0-27.7 with four); on
 // today's 2-core EPYC four are (the L2 clip's scale pass 18.9-23.0 ms ->
 // 17.7-18.6, 73-79% of the multiply roofline -> 80-90%, paired), and
 // lavapipe and llvmpipe GL run the same with either.
