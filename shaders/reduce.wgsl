@@ -362,22 +362,12 @@ fn max_quads(r: Run, sh: Share) -> u32 {
     let st = sh.stride;
     var q = sh.first;
     for (; q + (2u * LANES - 1u) * st < sh.end; q += 2u * LANES * st) {
-        let b0 = load_quad(q) & vec4(ABS_MASK);
-        let b1 = load_quad(q + st) & vec4(ABS_MASK);
-        let b2 = load_quad(q + 2u * st) & vec4(ABS_MASK);
-        let b3 = load_quad(q + 3u * st) & vec4(ABS_MASK);
-        let b4 = load_quad(q + 4u * st) & vec4(ABS_MASK);
-        let b5 = load_quad(q + 5u * st) & vec4(ABS_MASK);
-        let b6 = load_quad(q + 6u * st) & vec4(ABS_MASK);
-        let b7 = load_quad(q + 7u * st) & vec4(ABS_MASK);
-        m = max(m, max(max(max(b0, b1), max(b2, b3)), max(max(b4, b5), max(b6, b7))));
+        let a = abs_block(q, st);
+        let b = abs_block(q + LANES * st, st);
+        m = max(m, max(block_max(a), block_max(b)));
     }
     for (; q + (LANES - 1u) * st < sh.end; q += LANES * st) {
-        let b0 = load_quad(q) & vec4(ABS_MASK);
-        let b1 = load_quad(q + st) & vec4(ABS_MASK);
-        let b2 = load_quad(q + 2u * st) & vec4(ABS_MASK);
-        let b3 = load_quad(q + 3u * st) & vec4(ABS_MASK);
-        m = max(m, max(max(b0, b1), max(b2, b3)));
+        m = max(m, block_max(abs_block(q, st)));
     }
     for (; q < sh.end; q += st) {
         m = max(m, load_quad(q) & vec4(ABS_MASK));
@@ -574,8 +564,14 @@ fn abs_block(q: u32, st: u32) -> QuadBlock {
     return QuadBlock(load_quad(q) & abs4, load_quad(q + st) & abs4, load_quad(q + 2u * st) & abs4, load_quad(q + 3u * st) & abs4);
 }
 
+// A step's largest bits by element position (max_quads' accumulator),
+// and over all of them.
+fn block_max(b: QuadBlock) -> vec4<u32> {
+    return max(max(b.b0, b.b1), max(b.b2, b.b3));
+}
+
 fn block_top(b: QuadBlock) -> u32 {
-    return max4(max(max(b.b0, b.b1), max(b.b2, b.b3)));
+    return max4(block_max(b));
 }
 
 // Adds a step's |g| bits b, largest bt (within the limit), to walk w;
@@ -1080,11 +1076,7 @@ fn inf_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> Pa
         // maxima and three scalar ones, where a vec4 each for the share,
         // the segment and the next cost four times as many lane operations.
         for (; q < stop; q += LANES * st) {
-            let a0 = load_quad(q) & vec4(ABS_MASK);
-            let a1 = load_quad(q + st) & vec4(ABS_MASK);
-            let a2 = load_quad(q + 2u * st) & vec4(ABS_MASK);
-            let a3 = load_quad(q + 3u * st) & vec4(ABS_MASK);
-            let step = max4(max(max(a0, a1), max(a2, a3)));
+            let step = block_top(abs_block(q, st));
             m = max(m, step);
             let before = step_ends_by(q, st, hi);
             let after = 4u * q >= hi;
