@@ -976,10 +976,29 @@ fn tracked_round(c: u32) -> u32 {
 // No crossing step in a round.
 const NO_STEP: u32 = 0xffffffffu;
 
-// Whether the main-loop step of quads q + k * st ends at or before
-// element e.
-fn step_ends_by(q: u32, st: u32, e: u32) -> bool {
-    return 4u * (q + (LANES - 1u) * st) + 4u <= e;
+// The main-loop steps of quads q + k * st against element e, as bounds
+// on q: a step ends at or before e where q < x, starts at or after it
+// where q >= y, and holds it in between. Found once a round, with the
+// crossing step after it (crossing_step), so that a step costs the walk
+// two compares: SwiftShader's Subzero JIT hoists nothing, and with the
+// element arithmetic and the crossing's select in every step the tracked
+// reduce took 1.50 times the plain one on SwiftShader against 1.40 (L2;
+// Inf 1.40 and 1.29, p = 3 1.53 and 1.48; 10^4 tensors of 10^3
+// elements, no-clip, medians of 6 alternating runs); lavapipe the same.
+fn step_bounds(st: u32, e: u32) -> vec2<u32> {
+    let span = (LANES - 1u) * st;
+    let whole = e / 4u;
+    return vec2(select(0u, whole - span, whole >= span), whole + select(0u, 1u, (e & 3u) != 0u));
+}
+
+// The crossing step of a round whose steps ran from quad q0 to q1 (not
+// included), against bounds b (step_bounds): the one step with q in
+// [b.x, b.y) (that span is shorter than the LANES * st between steps),
+// or NO_STEP.
+fn crossing_step(q0: u32, q1: u32, st: u32, b: vec2<u32>) -> u32 {
+    let l = LANES * st;
+    let q = q0 + select(0u, (b.x - q0 + l - 1u) / l * l, b.x > q0);
+    return select(NO_STEP, q, q < q1 && q < b.y);
 }
 
 // Adds to the current segment the elements of the main-loop step of quads
@@ -1025,7 +1044,8 @@ fn plain_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> 
         let hi = (*tr).hi;
         var cur = (*tr).sum;
         var next = 0.0;
-        var cross = NO_STEP;
+        let bounds = step_bounds(st, hi);
+        let q0 = q;
         let stop = min(q + round * LANES * st, main_end);
         for (; q < stop; q += LANES * st) {
             let z0 = plain_value(load_quad(q));
@@ -1035,14 +1055,13 @@ fn plain_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> 
             let w = step_terms(z0, z1, z2, z3);
             s += w;
             let g = plain_sum(w);
-            let before = step_ends_by(q, st, hi);
-            let after = 4u * q >= hi;
+            let before = q < bounds.x;
+            let after = q >= bounds.y;
             cur += select(0.0, g, before);
             next += select(0.0, g, after);
-            cross = select(cross, q, !before && !after);
         }
         (*tr).sum = cur;
-        seg_round_end(tr, q, st, cross, next, vec4(0u));
+        seg_round_end(tr, q, st, crossing_step(q0, q, st, bounds), next, vec4(0u));
         if q >= main_end {
             break;
         }
@@ -1069,7 +1088,8 @@ fn inf_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> Pa
         let hi = (*tr).hi;
         var cur = max4((*tr).top);
         var next = 0u;
-        var cross = NO_STEP;
+        let bounds = step_bounds(st, hi);
+        let q0 = q;
         let stop = min(q + round * LANES * st, main_end);
         // A step's largest bits as one word before they go to the share
         // and the segments (a max takes them in any order): three vec4
@@ -1078,14 +1098,13 @@ fn inf_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> Pa
         for (; q < stop; q += LANES * st) {
             let step = block_top(abs_block(q, st));
             m = max(m, step);
-            let before = step_ends_by(q, st, hi);
-            let after = 4u * q >= hi;
+            let before = q < bounds.x;
+            let after = q >= bounds.y;
             cur = max(cur, select(0u, step, before));
             next = max(next, select(0u, step, after));
-            cross = select(cross, q, !before && !after);
         }
         (*tr).top = vec4(cur);
-        seg_round_end(tr, q, st, cross, 0.0, vec4(next));
+        seg_round_end(tr, q, st, crossing_step(q0, q, st, bounds), 0.0, vec4(next));
         if q >= main_end {
             break;
         }
@@ -1119,7 +1138,8 @@ fn p_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> Part
         var cur_top = max4((*tr).top);
         var next = 0.0;
         var next_top = 0u;
-        var cross = NO_STEP;
+        let bounds = step_bounds(st, hi);
+        let q0 = q;
         let stop = min(q + round * LANES * st, main_end);
         // The round's steps; a step that passes the limit moves the
         // reference and the sums (the segment's with the accumulators) as
@@ -1134,13 +1154,12 @@ fn p_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> Part
                     break;
                 }
                 let g = plain_sum(p_walk_add(&w, b, bt));
-                let before = step_ends_by(q, st, hi);
-                let after = 4u * q >= hi;
+                let before = q < bounds.x;
+                let after = q >= bounds.y;
                 cur += select(0.0, g, before);
                 cur_top = max(cur_top, select(0u, bt, before));
                 next += select(0.0, g, after);
                 next_top = max(next_top, select(0u, bt, after));
-                cross = select(cross, q, !before && !after);
             }
             if passed == 0u {
                 break;
@@ -1162,7 +1181,7 @@ fn p_tracked(r: Run, sh: Share, tr: ptr<function, SegTrack>, round: u32) -> Part
         (*tr).sum = cur;
         (*tr).top = vec4(cur_top);
         (*tr).rf = w.rf;
-        seg_round_end(tr, q, st, cross, next, vec4(next_top));
+        seg_round_end(tr, q, st, crossing_step(q0, q, st, bounds), next, vec4(next_top));
         if q >= main_end {
             break;
         }
