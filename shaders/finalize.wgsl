@@ -43,8 +43,9 @@ fn valid_partial(q: Partial, kind: u32) -> bool {
 }
 
 // Tensors an invocation takes between two passes over its queue of those
-// that tensor_clip cannot take (a bit each in a u32).
-const STAT_BLOCK: u32 = 8u;
+// that tensor_clip cannot take (a bit each in a u32): as many as the
+// queue holds, for the host that gives an invocation that many.
+const STAT_BLOCK: u32 = 32u;
 
 // Tensor i's partial: its segments' partials, folded in finalize's order.
 fn tensor_partial(i: u32) -> Partial {
@@ -59,9 +60,9 @@ fn tensor_partial(i: u32) -> Partial {
 // Writes: stats.tensors of those tensors (norm and factor), and
 // stats.tensors_clipped = cfg.step when some factor is not 1.
 // Dispatch: (min(ceil(split tensors / (WG * k)), the host's cap), 1, 1),
-// none when the list is empty, with k = STAT_BLOCK on CPU adapters and 1
-// on others, invocations striding over the list, up to STAT_BLOCK at a
-// time; recorded between the reduce and finalize passes when the clip
+// none when the list is empty, with k = 8 or STAT_BLOCK on CPU adapters
+// (the host's choice) and 1 on others, invocations striding over the
+// list, up to STAT_BLOCK at a time; recorded between the reduce and finalize passes when the clip
 // asks for per-tensor results. Every tensor's result depends only on its
 // own partials, folded in finalize's order (fold_short).
 @compute @workgroup_size(WG)

@@ -37,8 +37,23 @@ const CPU_STREAM_WORKGROUP_SIZE: u32 = 16;
 /// there 4 invocations took 80-81% of the multiply roofline, 8 78-80%, 16
 /// 77-78% and 32 74-75% (the same cases).
 const NARROW_CPU_STREAM_WORKGROUP_SIZE: u32 = 4;
-/// See [`NARROW_CPU_STREAM_WORKGROUP_SIZE`].
+/// See [`NARROW_CPU_STREAM_WORKGROUP_SIZE`] and
+/// [`CPU_TENSORS_PER_INVOCATION`].
 const NARROW_SUBGROUP: u32 = 4;
+/// Tensors each invocation of `tensor_stats` takes on CPU adapters, where
+/// they run the general path's masked pass once per block of tensors,
+/// however few of the block need it (200 000 one-element tensors on
+/// lavapipe, tensor_stats 2.5 ms with one tensor per invocation, 1.5 with
+/// a block each). On adapters of [`NARROW_SUBGROUP`] lanes (SwiftShader)
+/// each invocation takes a whole [`shaders::TENSOR_STAT_BLOCK`] instead:
+/// there that pass (clip_of's whole body, once an invocation) costs more
+/// than eight tensors' plain path (10^7 elements,
+/// 10^4 and 5 * 10^4 tensors, tensor_stats and finalize: L2 1.0-1.1 and
+/// 4.3-4.6 ms with 8 tensors an invocation, 0.68-0.76 and 2.9-3.3 with
+/// 32; p = 3 1.7-1.8 and 7.9-8.5, 1.4 and 6.3-6.7; 64 to 256 no faster),
+/// while lavapipe and llvmpipe GL took 10-60% longer with 32 than with 8
+/// (fewer workgroups to share out).
+const CPU_TENSORS_PER_INVOCATION: u32 = 8;
 /// Smallest workgroup size accepted from a device's limits.
 const MIN_WORKGROUP_SIZE: u32 = 32;
 // A team divides every workgroup size the host picks (powers of two from
@@ -287,13 +302,12 @@ impl Clipper {
             wgpu::DeviceType::Cpu => (shaders::CPU_CHUNK_ELEMENTS, shaders::CPU_TEAM),
             _ => (shaders::MIN_CHUNK_ELEMENTS, shaders::GPU_TEAM),
         };
-        // CPU drivers run the general path's masked pass once per block of
-        // tensors an invocation takes, however few of the block need it:
-        // 200 000 one-element tensors on lavapipe, tensor_stats 2.5 ms with
-        // one tensor per invocation, 1.5 with a block each. GPUs skip a
-        // branch no thread takes and want the parallelism.
+        // GPUs skip a branch no thread takes and want the parallelism.
         let tensors_per_invocation = match device_type {
-            wgpu::DeviceType::Cpu => shaders::TENSOR_STAT_BLOCK,
+            wgpu::DeviceType::Cpu if subgroup_max_size <= NARROW_SUBGROUP => {
+                shaders::TENSOR_STAT_BLOCK
+            }
+            wgpu::DeviceType::Cpu => CPU_TENSORS_PER_INVOCATION,
             _ => 1,
         };
 

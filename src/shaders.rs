@@ -430,10 +430,11 @@ pub const REDUCE_WORKGROUP_FIXED_BYTES: u32 = 4 * (128 + MID_MAX + 4 + SLOT_WORD
 pub const REDUCE_WORKGROUP_BYTES_PER_INVOCATION: u32 = 16 + 4;
 /// Tensors one invocation of `tensor_stats` takes before it passes over
 /// its queue of those that need the general path (WGSL `STAT_BLOCK`; a
-/// bit each in a `u32`). CPU adapters give each invocation at least this
-/// many (plan::Bound::tensor_stat_workgroups), so that the queue's one
-/// masked pass is spread over them.
-pub const TENSOR_STAT_BLOCK: u32 = 8;
+/// bit each in a `u32`, so at most 32). CPU adapters give each
+/// invocation several tensors (plan::Bound::tensor_stat_workgroups), so
+/// that the queue's one masked pass is spread over them; SwiftShader a
+/// whole block (clipper.rs's `CPU_TENSORS_PER_INVOCATION`).
+pub const TENSOR_STAT_BLOCK: u32 = 32;
 /// Largest integer p with its own reduce pipeline, whose terms are powered
 /// by multiplication: p - 1 multiplies per element beside the general
 /// path's log2 and exp2, and one pipeline per p that a program uses
