@@ -453,55 +453,18 @@ fn one_element_tensors_unscale_before_their_factor() {
         data[starts[t]] = ((t % 97) as f32 / 97.0 - 0.5) * 0.9;
     }
     data[starts[601]] = 900.0;
-    let clip = ClipNorm::new(1.0).per_tensor(true).unscale(true);
-    let (report, after) = run_clip(&data, &sizes, |set, enc| {
-        set.set_loss_scaler(&gradclip::LossScaler::new().init_scale(scale))?;
-        set.clip_norm(enc, &clip)
-    });
-    let report = report.unwrap();
-    assert!(!report.found_inf, "{report:?}");
-    for t in 0..sizes.len() {
-        let tensor = &data[starts[t]..starts[t] + sizes[t]];
-        let norm = reference::norm(tensor, Order::L2) / scale as f64;
-        let coef = reference::torch_coefficient(norm, 1.0) / scale as f64;
-        let (got_norm, got_coef) = (
-            report.tensor_norms[t] as f64,
-            report.tensor_coefficients[t] as f64,
-        );
-        assert!(
-            rel_diff(got_norm, norm) <= 1e-6 && rel_diff(got_coef, coef) <= 1e-6,
-            "tensor {t}: norm {got_norm:e} factor {got_coef:e}, want {norm:e} and {coef:e}"
-        );
-        for (i, (&x, &y)) in tensor.iter().zip(&after[starts[t]..]).enumerate() {
-            assert!(
-                rel_diff(y as f64, x as f64 * coef) <= 1e-6,
-                "tensor {t} element {i}: {y:e}, want {x:e} x {coef:e}"
-            );
-        }
-    }
+    clip_unscaled_per_tensor(&data, &sizes, scale);
     assert_no_wgpu_errors();
 }
 
-#[test]
-fn tensor_stats_general_path_takes_whole_blocks() {
-    // 2 501 tensors of 200 elements, too long for the reduce pass to give
-    // them their results and short enough for one invocation each to fold
-    // (tensor_stats), in a per-tensor clip that unscales: plain_clip takes
-    // none of them, so every tensor of every block an invocation takes
-    // goes to its queue of the general path (shaders::TENSOR_STAT_BLOCK
-    // bits, all of them set on adapters that give an invocation a whole
-    // block), the last block short. Every norm, factor and gradient
-    // against float64.
-    let scale = 256.0f32;
-    let sizes = vec![200; 2501];
-    let starts = starts_of(&sizes);
-    let mut data = values(sizes.iter().sum(), 23);
-    for t in (0..sizes.len()).step_by(7) {
-        // Some tensors well above max_norm once unscaled, the rest below.
-        data[starts[t]] = 4000.0;
-    }
+/// Clips `data` per tensor (PyTorch, max_norm 1) unscaling by a loss
+/// scale `scale`, and checks every tensor's norm (of g / S), factor
+/// (min(1, 1 / (norm + 1e-6)) / S) and gradients against float64.
+/// Returns how many tensors clipped.
+fn clip_unscaled_per_tensor(data: &[f32], sizes: &[usize], scale: f32) -> usize {
+    let starts = starts_of(sizes);
     let clip = ClipNorm::new(1.0).per_tensor(true).unscale(true);
-    let (report, after) = run_clip(&data, &sizes, |set, enc| {
+    let (report, after) = run_clip(data, sizes, |set, enc| {
         set.set_loss_scaler(&gradclip::LossScaler::new().init_scale(scale))?;
         set.clip_norm(enc, &clip)
     });
@@ -528,6 +491,28 @@ fn tensor_stats_general_path_takes_whole_blocks() {
             );
         }
     }
+    clipped
+}
+
+#[test]
+fn tensor_stats_general_path_takes_whole_blocks() {
+    // 2 501 tensors of 200 elements, too long for the reduce pass to give
+    // them their results and short enough for one invocation each to fold
+    // (tensor_stats), in a per-tensor clip that unscales: plain_clip takes
+    // none of them, so every tensor of every block an invocation takes
+    // goes to its queue of the general path (shaders::TENSOR_STAT_BLOCK
+    // bits, all of them set on adapters that give an invocation a whole
+    // block), the last block short. Every norm, factor and gradient
+    // against float64.
+    let scale = 256.0f32;
+    let sizes = vec![200; 2501];
+    let starts = starts_of(&sizes);
+    let mut data = values(sizes.iter().sum(), 23);
+    for t in (0..sizes.len()).step_by(7) {
+        // Some tensors well above max_norm once unscaled, the rest below.
+        data[starts[t]] = 4000.0;
+    }
+    let clipped = clip_unscaled_per_tensor(&data, &sizes, scale);
     assert!(
         clipped > 300 && clipped < sizes.len(),
         "{clipped} tensors clipped"
