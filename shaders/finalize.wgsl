@@ -62,8 +62,8 @@ fn tensor_partial(i: u32) -> Partial {
 // Dispatch: (min(ceil(split tensors / (WG * k)), the host's cap), 1, 1),
 // none when the list is empty, with k = 8 or STAT_BLOCK on CPU adapters
 // (the host's choice) and 1 on others, invocations striding over the
-// list, up to STAT_BLOCK at a time; recorded between the reduce and finalize passes when the clip
-// asks for per-tensor results. Every tensor's result depends only on its
+// list, up to STAT_BLOCK at a time; recorded between the reduce and
+// finalize passes when the clip asks for per-tensor results. Every tensor's result depends only on its
 // own partials, folded in finalize's order (fold_short).
 @compute @workgroup_size(WG)
 fn tensor_stats(@builtin(global_invocation_id) id: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {

@@ -47,10 +47,10 @@ const NARROW_SUBGROUP: u32 = 4;
 /// a block each). On adapters of [`NARROW_SUBGROUP`] lanes (SwiftShader)
 /// each invocation takes a whole [`shaders::TENSOR_STAT_BLOCK`] instead:
 /// there that pass (clip_of's whole body, once an invocation) costs more
-/// than eight tensors' plain path (10^7 elements,
-/// 10^4 and 5 * 10^4 tensors, tensor_stats and finalize: L2 1.0-1.1 and
-/// 4.3-4.6 ms with 8 tensors an invocation, 0.68-0.76 and 2.9-3.3 with
-/// 32; p = 3 1.7-1.8 and 7.9-8.5, 1.4 and 6.3-6.7; 64 to 256 no faster),
+/// than eight tensors' plain path (10^7 elements, 10^4 and 5 * 10^4
+/// tensors, tensor_stats and finalize: L2 1.0-1.1 and 4.3-4.6 ms with 8
+/// tensors an invocation, 0.68-0.76 and 2.9-3.3 with 32; p = 3 1.7-1.8
+/// and 7.9-8.5, 1.4 and 6.3-6.7; 64 to 256 no faster),
 /// while lavapipe and llvmpipe GL took 10-60% longer with 32 than with 8
 /// (fewer workgroups to share out).
 const CPU_TENSORS_PER_INVOCATION: u32 = 8;

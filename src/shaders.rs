@@ -432,8 +432,9 @@ pub const REDUCE_WORKGROUP_BYTES_PER_INVOCATION: u32 = 16 + 4;
 /// its queue of those that need the general path (WGSL `STAT_BLOCK`; a
 /// bit each in a `u32`, so at most 32). CPU adapters give each
 /// invocation several tensors (plan::Bound::tensor_stat_workgroups), so
-/// that the queue's one masked pass is spread over them; SwiftShader a
-/// whole block (clipper.rs's `CPU_TENSORS_PER_INVOCATION`).
+/// that the queue's one masked pass is spread over them: a whole block
+/// on SwiftShader, fewer on other CPU drivers (clipper.rs's
+/// `CPU_TENSORS_PER_INVOCATION`).
 pub const TENSOR_STAT_BLOCK: u32 = 32;
 /// Largest integer p with its own reduce pipeline, whose terms are powered
 /// by multiplication: p - 1 multiplies per element beside the general
