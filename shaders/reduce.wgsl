@@ -2109,6 +2109,51 @@ fn reduce(
     }
 }
 
+// Whether some flat chunk of several segments has a segment outside its
+// unit run, which reduce_segments' loop takes (and with it the tracked
+// walks and the lists): the host turns it off for a set with fused
+// tensors whose every such chunk is all unit run
+// (plan::Plan::segments_outside_units), and reduce_tensors is then
+// reduce_unit_chunk alone, in the same dispatch. The same walks cost
+// more inside the whole of reduce_tensors, whose rest such a chunk never
+// reaches (200 000 one-element tensors, no-clip, the per-tensor step over
+// the plain one: L2 2.47 -> 2.17 and p = 3 2.40 -> 2.17 on lavapipe, L2
+// 4.78 -> 4.08 on SwiftShader, 2.34 -> 2.23 on llvmpipe GL; on SwiftShader
+// the plain walk alone took 2.3 times as long there as in an entry point
+// of its own). As an entry point of its own, dispatched after
+// reduce_tensors for such chunks, it made lavapipe's step slower (2.21 ->
+// 2.58): a dispatch costs it more than the walk gains
+// (docs/bench-cpu-drivers.md, fifty-first session).
+override SEGMENTS: bool = true;
+
+// reduce_tensors for flat chunk c of a set without segments outside unit
+// runs (SEGMENTS off, FUSE on): a chunk that is all unit run gets what
+// reduce_segments gives it (unit_stats after the unit walk, which stores
+// the chunk's partial), any other is one segment, whose partial is the
+// chunk's.
+fn reduce_unit_chunk(c: u32, t: u32) {
+    let segs = flat_segments(c);
+    var units = vec2(segs.x);
+    if FUSE {
+        units = unit_run(c);
+    }
+    if FUSE && units.y > units.x {
+        var walk = UnitWalk(false, false, 0u);
+        if general_p() {
+            reduce_flat_units_p(c, t, units, &walk);
+        } else {
+            reduce_flat_units(c, t, units, &walk);
+        }
+        let ch = chunk_at(c);
+        mark_clipped(unit_stats(units, run_of(ch.start, ch.len), t, stat_scale(), walk));
+    } else {
+        let whole = reduce_flat(c, t);
+        if t == 0u {
+            store_partial(segs.x, whole);
+        }
+    }
+}
+
 // reduce_tensors — what reduce reads and writes, with the same bits, and
 // partials[s] for each segment s of those flat chunks (the plan's
 // segments): a clip that asks for per-tensor norms or clipping
@@ -2120,7 +2165,12 @@ fn reduce_tensors(
     @builtin(local_invocation_index) t: u32,
 ) {
     let c = grid_chunk(wg, nwg);
-    if c < window_flat().y {
+    if !SEGMENTS {
+        // A constant branch: the pipeline has one side.
+        if c < window_flat().y {
+            reduce_unit_chunk(c, t);
+        }
+    } else if c < window_flat().y {
         let segs = flat_segments(c);
         var units = vec2(segs.x);
         if FUSE {

@@ -143,8 +143,9 @@ pub(crate) struct ElementPipelines {
     scale_module: wgpu::ShaderModule,
     /// Entry point `reduce` (global results only), then `reduce_tensors`
     /// without the tracked walk, and with it, without and with fused
-    /// tensors, without and with the segment lists ([`Clipper::reduce`]).
-    reduce: [[Lazy; Reduction::REDUCE_VARIANTS]; 6],
+    /// tensors, without and with the segment lists, then with fused
+    /// tensors and no segment outside unit runs ([`Clipper::reduce`]).
+    reduce: [[Lazy; Reduction::REDUCE_VARIANTS]; 7],
     scale: Lazy,
     clamp: Lazy,
 }
@@ -526,39 +527,42 @@ impl Inner {
 
     /// The reduce pipeline of `elem`'s path for `r`; with the per-segment
     /// partials of per-tensor results when `per_tensor`, for a set whose
-    /// flat chunks hold tensor boundaries when `shared_chunks`. Where no
+    /// flat chunks hold tensor boundaries when `set.shared_chunks`. Where no
     /// chunk does, each segment's partial is its chunk's, and the pipeline
     /// leaves the tracked walk out (`TRACK` off): CPU drivers run a branch
     /// no lane takes under a lane mask, and with the tracked walk beside it
     /// a one-tensor set's per-tensor step cost 5-15% more on lavapipe (L2,
     /// no-clip, against a plain step: 1.11-1.15x with it, 1.04-1.06x
-    /// without). `fused`: the set has fused tensors (`FUSE`), and
-    /// `fold_lists`: it needs the per-segment fold's lists for this
-    /// reduction (`FOLD_LISTS`); each for the same reason only then. A set
-    /// with fused tensors has shared chunks.
+    /// without). The rest of `set`'s traits ([`ReduceNeeds`]) turn on the
+    /// other overrides for the same reason only where the set needs them.
     pub fn reduce<'a>(
         &self,
         elem: &'a ElementPipelines,
         r: Reduction,
         per_tensor: bool,
-        shared_chunks: bool,
-        fused: bool,
-        fold_lists: bool,
+        set: ReduceNeeds,
     ) -> Result<&'a wgpu::ComputePipeline> {
         let module = (&shaders::element_modules(elem.path).0, &elem.reduce_module);
-        let track = per_tensor && shared_chunks;
-        let fuse = track && fused;
-        let lists = track && fold_lists;
+        let track = per_tensor && set.shared_chunks;
+        let fuse = track && set.fused;
+        let segments = !fuse || set.segments;
+        let lists = track && set.fold_lists && segments;
         let (index, entry) = match (per_tensor, track) {
             (false, _) => (0, "reduce"),
             (true, false) => (1, "reduce_tensors"),
+            (true, true) if !segments => (6, "reduce_tensors"),
             (true, true) => (
                 2 + usize::from(fuse) + 2 * usize::from(lists),
                 "reduce_tensors",
             ),
         };
         let cell = &elem.reduce[index][r.reduce_variant()];
-        let overrides = Overrides { track, fuse, lists };
+        let overrides = Overrides {
+            track,
+            fuse,
+            lists,
+            segments,
+        };
         self.lazy(cell, module, entry, Specialised::Reduce(r, overrides))
     }
 
@@ -625,12 +629,30 @@ enum Specialised {
     Reduce(Reduction, Overrides),
 }
 
-/// The reduce module's boolean overrides: `TRACK`, `FUSE`, `FOLD_LISTS`.
+/// The reduce module's boolean overrides: `TRACK`, `FUSE`, `FOLD_LISTS`,
+/// `SEGMENTS`.
 #[derive(Clone, Copy)]
 struct Overrides {
     track: bool,
     fuse: bool,
     lists: bool,
+    segments: bool,
+}
+
+/// What a set's layout asks of its per-tensor reduce pipeline
+/// ([`Clipper::reduce`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ReduceNeeds {
+    /// Some flat chunk holds a tensor boundary (`TRACK`).
+    pub shared_chunks: bool,
+    /// Some tensors are fused (`FUSE`); a set with fused tensors has
+    /// shared chunks.
+    pub fused: bool,
+    /// The reduction needs the per-segment fold's lists (`FOLD_LISTS`).
+    pub fold_lists: bool,
+    /// Some flat chunk of several segments has one outside its unit run
+    /// (`SEGMENTS`; off only with fused tensors).
+    pub segments: bool,
 }
 
 /// The pipeline of `entry` in `module`, specialised through its overrides.
@@ -663,6 +685,10 @@ fn make_pipeline(
             if on {
                 label = format!("{label} {what}");
             }
+        }
+        constants.push((shaders::SEGMENTS_OVERRIDE, f64::from(u8::from(o.segments))));
+        if !o.segments {
+            label = format!("{label} units only");
         }
     }
     device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {

@@ -742,6 +742,21 @@ impl Plan {
         (best.0 as u32, best.1 as u32)
     }
 
+    /// Whether some flat chunk of several segments has a segment outside
+    /// its unit run (WGSL `SEGMENTS`): without one, every such chunk is
+    /// all unit run, and the per-tensor reduce needs neither its
+    /// per-segment loop nor the tracked walks nor the lists.
+    pub fn segments_outside_units(&self) -> bool {
+        (0..self.flat.len()).any(|k| {
+            let (first, end) = self.flat_segments(k);
+            end - first > 1
+                && self
+                    .units
+                    .get(k)
+                    .is_none_or(|&(b, e)| (b as usize, e as usize) != (first, end))
+        })
+    }
+
     /// Flat chunk k's segments, as [begin, end) indices of `chunks`.
     fn flat_segments(&self, k: usize) -> (usize, usize) {
         let first = self.flat[k].tensor as usize;
@@ -916,6 +931,41 @@ mod tests {
         assert_eq!((plan.fused_below, plan.split_count()), (0, 7));
         assert!(plan.split.is_empty() && plan.long.is_empty());
         assert_eq!(plan.table_words().len() as u64, plan.table_words_len());
+    }
+
+    #[test]
+    fn segments_lie_outside_unit_runs_unless_each_shared_chunk_is_one() {
+        let fused = |sizes: &[usize]| {
+            let layout = GradLayout::from_sizes(sizes).unwrap();
+            let mut plan = plan(&layout, &packed(&layout), 64, 1 << 20, 16).unwrap();
+            plan.fuse(11, u32::MAX);
+            plan
+        };
+        // One-element tensors only, whole quads: every chunk is all unit run.
+        assert!(!fused(&[1; 200]).segments_outside_units());
+        // Beside tensors that fill chunks of their own.
+        let mut sizes = vec![64, 128];
+        sizes.extend([1; 64]);
+        sizes.push(64);
+        assert!(!fused(&sizes).segments_outside_units());
+        // A two-element tensor after them, in the last chunk.
+        let mut sizes = vec![1; 200];
+        sizes.push(2);
+        assert!(fused(&sizes).segments_outside_units());
+        // 198 of them: the last chunk's run is trimmed to whole quads.
+        assert!(fused(&[1; 198]).segments_outside_units());
+        // A run that starts inside a chunk, after a longer tensor.
+        let mut sizes = vec![30];
+        sizes.extend([1; 98]);
+        assert!(fused(&sizes).segments_outside_units());
+        // Nothing fused: shared chunks keep their segments.
+        let layout = GradLayout::from_sizes(&[1; 200]).unwrap();
+        let unfused = plan(&layout, &packed(&layout), 64, 1 << 20, 16).unwrap();
+        assert!(unfused.segments_outside_units());
+        // No shared chunk at all.
+        let layout = GradLayout::from_sizes(&[64, 128]).unwrap();
+        let alone = plan(&layout, &packed(&layout), 64, 1 << 20, 16).unwrap();
+        assert!(!alone.segments_outside_units());
     }
 
     #[test]

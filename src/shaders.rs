@@ -348,6 +348,11 @@ pub const TRACK_OVERRIDE: &str = "TRACK";
 /// element-wise fold's run, in a flat chunk of several segments) their
 /// norms and factors itself (set for sets that have any: plan::Plan::fuse).
 pub const FUSE_OVERRIDE: &str = "FUSE";
+/// Name of the reduce pass's pipeline-overridable constant that keeps
+/// `reduce_tensors`' paths for segments outside unit runs (off for sets
+/// with fused tensors whose every flat chunk of several segments is all
+/// unit run: plan::Plan::segments_outside_units).
+pub const SEGMENTS_OVERRIDE: &str = "SEGMENTS";
 /// The reduce pass folds segments shorter than this element by element
 /// (WGSL `TINY_RUN`; `CHUNK / MID_MAX` where that is more: 128 elements in
 /// CPU adapters' long chunks).

@@ -55,6 +55,9 @@ pub(super) struct Bindings {
     /// Whether the reduce pass gives some tensors their results itself
     /// (plan::Plan::fuse).
     pub fused: bool,
+    /// Whether some flat chunk of several segments has one outside its
+    /// unit run (plan::Plan::segments_outside_units).
+    pub segments: bool,
     /// Whether the reduce pass needs its lists of medium and long segments
     /// (plan::Bound::fold_lists).
     pub fold_lists: FoldLists,
@@ -131,6 +134,7 @@ impl Bindings {
         self.reduce_grid = bound.reduce_grid;
         self.shared_chunks = bound.plan.shared_chunks();
         self.fused = bound.plan.fused_below != 0;
+        self.segments = bound.plan.segments_outside_units();
         self.fold_lists = bound.fold_lists;
         self.tensor_workgroups = bound.workgroups;
         self.tensor_stat_workgroups = bound.tensor_stat_workgroups;
@@ -529,6 +533,7 @@ fn bindings(
         reduce_grid: bound.reduce_grid,
         shared_chunks: bound.plan.shared_chunks(),
         fused: bound.plan.fused_below != 0,
+        segments: bound.plan.segments_outside_units(),
         fold_lists: bound.fold_lists,
         tensor_workgroups: bound.workgroups,
         tensor_stat_workgroups: bound.tensor_stat_workgroups,

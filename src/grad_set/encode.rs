@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
 use super::GradSet;
+use crate::clipper::ReduceNeeds;
 use crate::config::{clamp_record, ClipNorm, Reduction};
 use crate::error::{Error, Result};
 use crate::gpu_errors::check_same_device;
@@ -521,6 +522,16 @@ impl GradSet {
         })
     }
 
+    /// What the set's layout asks of its reduce pipeline for `reduction`.
+    fn reduce_needs(&self, reduction: Reduction) -> ReduceNeeds {
+        ReduceNeeds {
+            shared_chunks: self.bound.shared_chunks,
+            fused: self.bound.fused,
+            fold_lists: self.bound.fold_lists.needed(reduction.general_p()),
+            segments: self.bound.segments,
+        }
+    }
+
     /// Compiles what [`encode_norm`](Self::encode_norm) records, if not yet
     /// compiled: before a clip records anything, so that a failure leaves
     /// the encoder, the step count and the set untouched.
@@ -530,9 +541,7 @@ impl GradSet {
                 elem,
                 reduction,
                 per_tensor(config),
-                self.bound.shared_chunks,
-                self.bound.fused,
-                self.bound.fold_lists.needed(reduction.general_p()),
+                self.reduce_needs(reduction),
             )?;
         }
         if per_tensor(config) {
@@ -591,9 +600,7 @@ impl GradSet {
                     elem,
                     reduction,
                     per_tensor(config),
-                    self.bound.shared_chunks,
-                    self.bound.fused,
-                    self.bound.fold_lists.needed(reduction.general_p()),
+                    self.reduce_needs(reduction),
                 )?);
                 pass.set_bind_group(0, bind_group, &[]);
                 pass.dispatch_workgroups(x, y, 1);

@@ -434,6 +434,109 @@ fn runs_of_one_element_tensors_match_float64_and_lone_ones_bits() {
 }
 
 #[test]
+fn a_set_of_one_element_tensors_alone_matches_one_beside_other_tensors() {
+    // A set of nothing but one-element tensors, 3 * 32768 + 1000 of them:
+    // every flat chunk is all unit run (whole quads of the window on every
+    // device), so its per-tensor reduce is the pipeline without the
+    // segment paths (WGSL SEGMENTS off, plan::Plan::segments_outside_units).
+    // With one tensor of two zeros after them the last chunk has a segment
+    // outside its run, and the set takes the whole reduce_tensors. Each
+    // tensor's norm, factor and clipped gradient must have the same bits
+    // in both, the global norm the same bits with per-tensor results as
+    // without, and the norms be |x|. Some values clip, some are zeros,
+    // subnormals, an infinity or a NaN (the general path's queues), and a
+    // subnormal max_norm sends every tensor there.
+    let n = 3 * 32768 + 1000;
+    let mut data = values(n, 23);
+    let specials = [
+        0.0,
+        -0.0,
+        f32::from_bits(3),
+        -1e-39,
+        1e19,
+        -3e-20,
+        0.3,
+        -0.25,
+        2.5,
+    ];
+    for (k, x) in specials.iter().enumerate() {
+        for at in (k * 997..n).step_by(9973) {
+            data[at] = *x;
+        }
+    }
+    let sizes = vec![1usize; n];
+    let mut beside_sizes = sizes.clone();
+    beside_sizes.push(2);
+    for (inf, nan) in [(None, None), (Some(40_000), Some(77_777))] {
+        let mut data = data.clone();
+        for (k, x) in [(inf, f32::INFINITY), (nan, f32::NAN)] {
+            if let Some(k) = k {
+                data[k] = x;
+            }
+        }
+        let mut beside = data.clone();
+        beside.extend([0.0, 0.0]);
+        for (tensorflow, order, max_norm) in [
+            (false, Order::L2, 0.25f32),
+            (true, Order::L2, 0.25),
+            (false, Order::Inf, 0.25),
+            (false, Order::P(3.0), 0.3),
+            (true, Order::P(1.5), 0.25),
+            (false, Order::L2, 1e-40),
+        ] {
+            let base = framework_clip(tensorflow, max_norm).norm(order.to_norm());
+            let clip = base.per_tensor(true);
+            let what = format!("{order:?} tf={tensorflow} max_norm={max_norm:e} inf={inf:?}");
+            let (alone, alone_after) =
+                run_clip(&data, &sizes, |set, enc| set.clip_norm(enc, &clip));
+            let alone = alone.unwrap();
+            let (with, with_after) =
+                run_clip(&beside, &beside_sizes, |set, enc| set.clip_norm(enc, &clip));
+            let with = with.unwrap();
+            let (plain, _) = run_clip(&data, &sizes, |set, enc| set.clip_norm(enc, &base));
+            let plain = plain.unwrap();
+            assert_eq!(
+                alone.total_norm.to_bits(),
+                plain.total_norm.to_bits(),
+                "{what}: the global norm with per-tensor results and without"
+            );
+            for (t, &x) in data.iter().enumerate() {
+                assert_eq!(
+                    (
+                        alone.tensor_norms[t].to_bits(),
+                        alone.tensor_coefficients[t].to_bits()
+                    ),
+                    (
+                        with.tensor_norms[t].to_bits(),
+                        with.tensor_coefficients[t].to_bits()
+                    ),
+                    "{what}: tensor {t} ({x:e}) alone and beside a two-element tensor"
+                );
+                let got = alone.tensor_norms[t] as f64;
+                let want = (x as f64).abs();
+                assert!(
+                    (x.is_nan() && got.is_nan()) || rel_diff(got, want) <= 1e-6,
+                    "{what}: tensor {t} norm {got:e} vs |x| = {want:e}"
+                );
+            }
+            assert_identical(&alone_after, &with_after[..n], &format!("{what}: clipped"));
+            if inf.is_none() && max_norm.is_normal() {
+                let (_, want) = per_tensor_reference(&data, &sizes, order, max_norm, tensorflow);
+                assert_close(&alone_after, &want, 1e-5, &what);
+                let clipped = (0..n)
+                    .filter(|&t| alone.tensor_coefficients[t] < 1.0)
+                    .count();
+                assert!(
+                    clipped > 0 && clipped < n,
+                    "{what}: {clipped} of {n} tensors clip"
+                );
+            }
+        }
+    }
+    assert_no_wgpu_errors();
+}
+
+#[test]
 fn one_element_tensors_unscale_before_their_factor() {
     // A run of one-element tensors, which the reduce pass gives their
     // results in its walk over the run, in a per-tensor clip that unscales
