@@ -36,6 +36,15 @@ fn split(data: &[f32], sizes: &[usize]) -> Vec<Vec<f32>> {
         .collect()
 }
 
+/// Tensor t's norm and factor in `report`, as bits: the one-element tests
+/// compare them across layouts exactly.
+fn tensor_result_bits(report: &gradclip::ClipReport, t: usize) -> (u32, u32) {
+    (
+        report.tensor_norms[t].to_bits(),
+        report.tensor_coefficients[t].to_bits(),
+    )
+}
+
 const SIZES: [usize; 6] = [3000, 0, 17, 20_000, 9, 70_001];
 
 #[test]
@@ -396,14 +405,8 @@ fn runs_of_one_element_tensors_match_float64_and_lone_ones_bits() {
             for (&t, &l) in ones.iter().zip(&lone_index) {
                 let x = data[starts[t]];
                 assert_eq!(
-                    (
-                        report.tensor_norms[t].to_bits(),
-                        report.tensor_coefficients[t].to_bits()
-                    ),
-                    (
-                        lone.tensor_norms[l].to_bits(),
-                        lone.tensor_coefficients[l].to_bits()
-                    ),
+                    tensor_result_bits(&report, t),
+                    tensor_result_bits(&lone, l),
                     "{what}: tensor {t} ({x:e}) against a lone one"
                 );
                 assert_identical(
@@ -502,14 +505,8 @@ fn a_set_of_one_element_tensors_alone_matches_one_beside_other_tensors() {
             );
             for (t, &x) in data.iter().enumerate() {
                 assert_eq!(
-                    (
-                        alone.tensor_norms[t].to_bits(),
-                        alone.tensor_coefficients[t].to_bits()
-                    ),
-                    (
-                        with.tensor_norms[t].to_bits(),
-                        with.tensor_coefficients[t].to_bits()
-                    ),
+                    tensor_result_bits(&alone, t),
+                    tensor_result_bits(&with, t),
                     "{what}: tensor {t} ({x:e}) alone and beside a two-element tensor"
                 );
                 let got = alone.tensor_norms[t] as f64;
