@@ -2059,6 +2059,17 @@ fn reduce_flat_units_p(c: u32, t: u32, units: vec2<u32>, walk: ptr<function, Uni
     return publish_flat(c, t);
 }
 
+// The flat walk of chunk c with unit run `units` (FUSE, units.y >
+// units.x), and the run's tensors' results from the same loads as far as
+// it takes them (*walk says where unit_stats goes on): the walk of the
+// set's norm, for reduce_tensors and reduce_unit_chunk alike.
+fn reduce_flat_unit_run(c: u32, t: u32, units: vec2<u32>, walk: ptr<function, UnitWalk>) -> Partial {
+    if general_p() {
+        return reduce_flat_units_p(c, t, units, walk);
+    }
+    return reduce_flat_units(c, t, units, walk);
+}
+
 // Stores the workgroup's fold of flat chunk c as its partial and returns it:
 // for a p chunk of one element, element_partial's where that is kept, so
 // that a tensor of one element alone in a chunk has the partial it has
@@ -2139,11 +2150,7 @@ fn reduce_unit_chunk(c: u32, t: u32) {
     }
     if FUSE && units.y > units.x {
         var walk = UnitWalk(false, false, 0u);
-        if general_p() {
-            reduce_flat_units_p(c, t, units, &walk);
-        } else {
-            reduce_flat_units(c, t, units, &walk);
-        }
+        reduce_flat_unit_run(c, t, units, &walk);
         let ch = chunk_at(c);
         mark_clipped(unit_stats(units, run_of(ch.start, ch.len), t, stat_scale(), walk));
     } else {
@@ -2191,10 +2198,8 @@ fn reduce_tensors(
         var walk = UnitWalk(false, false, 0u);
         if round != 0u {
             whole = reduce_flat_tracked(c, t, segs, round);
-        } else if has_units && general_p() {
-            whole = reduce_flat_units_p(c, t, units, &walk);
         } else if has_units {
-            whole = reduce_flat_units(c, t, units, &walk);
+            whole = reduce_flat_unit_run(c, t, units, &walk);
         } else {
             whole = reduce_flat(c, t);
         }
