@@ -1,6 +1,7 @@
 // Adaptive thresholds (ZClip, AutoClip) computed on the GPU from state kept
 // on the GPU, between a set's record_norm and its clip with the recorded
-// partial. The host prepends clip_state.wgsl (ClipState) and bits.wgsl. The
+// partial. The host prepends clip_state.wgsl (ClipState), bits.wgsl and
+// adaptive_records.wgsl (AdaptiveParams, AdaptiveState). The
 // threshold is written to AdaptiveState.max_norm, which the host copies into
 // the set's ClipConfig.max_norm before the clip's finish dispatch: no value
 // ever goes through the host.
@@ -8,69 +9,8 @@
 // A step whose norm is NaN or infinite leaves every statistic as it was, so
 // one bad batch cannot poison the EMA or the history.
 
-const METHOD_ZCLIP: u32 = 1u;
-const METHOD_AUTOCLIP: u32 = 2u;
-
-// AdaptiveParams.flags bits
-const P_HAS_CAP: u32 = 1u;          // ZClip: a fixed max_norm caps the threshold
-const P_PERCENTILE_MODE: u32 = 2u;  // ZClip: mode = "percentile" (clip to mean + z·std)
-const P_CLIP_TO_MEAN: u32 = 4u;     // ZClip: clip_option = "mean"
-const P_SKIP_ON_SPIKE: u32 = 8u;    // ZClip: skip_update_on_spike
-const P_INCLUDE_CURRENT: u32 = 16u; // AutoClip: the step's norm joins the history first
-const P_HISTOGRAM: u32 = 64u;       // AutoClip: all of history as bucket counts (32 is AdaGC's)
-
-// AdaptiveState.decision bits
-const D_CLIPPED: u32 = 1u;
-const D_SPIKE: u32 = 2u;
-const D_SKIPPED: u32 = 4u;
-const D_WARMUP: u32 = 8u;
-
 // As a hex literal: Tint rejects the decimal 3.40282347e+38 as not representable.
 const F32_MAX: f32 = 0x1.fffffep+127f;
-
-// Written once by the host when the adaptive clip is made.
-struct AdaptiveParams {
-    method: u32,
-    warmup: u32,    // ZClip: norms collected before the EMA starts
-    capacity: u32,  // slots of AdaptiveState.history
-    flags: u32,     // P_*
-    alpha: f32,
-    z_thresh: f32,
-    eps: f32,
-    clip_factor: f32,
-    cap: f32,        // ZClip's max_norm when P_HAS_CAP
-    percentile: f32, // AutoClip, in [0, 100]
-    // AdaGC's (adaptive_adagc.wgsl reads them; the same record there):
-    tensors: u32,
-    ratio: f32,
-    scale_workgroups: u32,
-    bucket_shift: u32, // AutoClip with P_HISTOGRAM: mantissa bits a bucket drops
-    _pad2: vec2<u32>,
-}
-
-// Everything the method carries from step to step, and the latest decision.
-// Saved and restored as bytes by the host.
-struct AdaptiveState {
-    method: u32,    // METHOD_*, checked by the host on restore
-    capacity: u32,  // checked on restore
-    steps: u32,     // finite steps folded in (low 32 bits)
-    count: u32,     // ZClip: warm-up norms collected; AutoClip: norms in the window (or counted)
-    head: u32,      // AutoClip: the ring slot the next norm goes to
-    ema_ready: u32, // ZClip: the warm-up is over
-    mean: f32,
-    variance: f32,
-    // The latest step:
-    norm: f32,       // the norm the pass read (that of the set's record_norm)
-    threshold: f32,  // what the gradients are clipped to; +inf: no clipping
-    boundary: f32,   // the smallest norm this step would have clipped; +inf: none
-    decision: u32,   // D_*
-    max_norm: f32,   // threshold as the clip's max_norm (F32_MAX for +inf)
-    recorded: u32,   // adaptive steps run, skipped ones included (low 32 bits)
-    _pad: vec2<u32>,
-    // f32 norms as bits (ZClip's warm-up, AutoClip's window ring), or
-    // AutoClip's bucket counts with P_HISTOGRAM.
-    history: array<u32>,
-}
 
 @group(0) @binding(0) var<storage, read> clip: ClipState;
 @group(0) @binding(1) var<storage, read_write> st: AdaptiveState;

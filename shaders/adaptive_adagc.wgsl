@@ -2,7 +2,8 @@
 // Language Model Pretraining"; the authors' Megatron patch): per-tensor
 // thresholds from an EMA of each tensor's past clipped norms, computed on the
 // GPU between a set's record_norm (with per-tensor norms) and its scale pass.
-// The host prepends clip_state.wgsl (ClipState) and bits.wgsl.
+// The host prepends clip_state.wgsl (ClipState), bits.wgsl, division.wgsl
+// and adaptive_records.wgsl (AdaptiveParams, AdaptiveState).
 //
 // This pass writes the set's stats directly: each tensor's exact factor in
 // its TensorStat, ClipState.scale_kind = per tensor and the scale pass's
@@ -15,33 +16,6 @@
 // updated S; this pass then multiplies each factor by 1/S, so that the scale
 // pass unscales and clips in one multiply, and an overflowed step (found_inf)
 // leaves the gradients and every γ untouched, as GradScaler skips the step.
-
-const D_CLIPPED: u32 = 1u;
-const D_SKIPPED: u32 = 4u;
-const D_WARMUP: u32 = 8u;
-
-const P_TENSORFLOW: u32 = 32u; // TensorFlow's clip_by_norm factor, not PyTorch's
-
-const SCALE_PER_TENSOR: u32 = 3u;
-
-// Written once by the host (the same record as adaptive.wgsl's).
-struct AdaptiveParams {
-    method: u32,
-    warmup: u32,          // steps of global clipping first
-    capacity: u32,        // 4 words per tensor
-    flags: u32,           // P_TENSORFLOW
-    alpha: f32,           // beta: the EMA factor of γ
-    z_thresh: f32,
-    eps: f32,
-    clip_factor: f32,
-    cap: f32,             // lambda_abs: the global threshold of the warm-up
-    percentile: f32,
-    tensors: u32,         // tensors of the set
-    ratio: f32,           // lambda_rel: tensor i is clipped to ratio · γ_i
-    scale_workgroups: u32, // the set's per-tensor grid-stride workgroups
-    bucket_shift: u32,     // AutoClip's (unused here)
-    _pad2: vec2<u32>,
-}
 
 // A tensor's norm and its factor, exactly (the set's TensorStat).
 struct TensorStat {
@@ -58,27 +32,6 @@ struct Stats {
     state: ClipState,
     _skip: array<u32, 1292>,
     tensors: array<TensorStat>,
-}
-
-// The head is adaptive.wgsl's AdaptiveState; the history holds, per tensor,
-// (γ or -1 before its first finite step, norm, threshold, factor).
-struct AdaptiveState {
-    method: u32,
-    capacity: u32,
-    steps: u32,
-    count: u32,
-    head: u32,
-    ema_ready: u32,
-    mean: f32,
-    variance: f32,
-    norm: f32,
-    threshold: f32,
-    boundary: f32,
-    decision: u32,
-    max_norm: f32,
-    recorded: u32,
-    _pad: vec2<u32>,
-    history: array<f32>,
 }
 
 @group(0) @binding(0) var<storage, read_write> stats: Stats;
@@ -127,7 +80,7 @@ fn adagc_step(@builtin(local_invocation_index) lid: u32) {
     var scaled = false;
     for (var i = lid; i < prm.tensors; i += 64u) {
         let n = stats.tensors[i].norm;
-        let gamma = st.history[4u * i];
+        let gamma = bitcast<f32>(st.history[4u * i]);
         var threshold = prm.cap;
         var f = global;
         var next = gamma;
@@ -147,14 +100,14 @@ fn adagc_step(@builtin(local_invocation_index) lid: u32) {
             next = beta * g0 + (1.0 - beta) * seen;
         }
         if all_finite {
-            st.history[4u * i] = next;
+            st.history[4u * i] = bitcast<u32>(next);
         }
-        st.history[4u * i + 1u] = n;
-        st.history[4u * i + 2u] = threshold;
+        st.history[4u * i + 1u] = bitcast<u32>(n);
+        st.history[4u * i + 2u] = bitcast<u32>(threshold);
         if found_inf {
             f = 1.0;
         }
-        st.history[4u * i + 3u] = f;
+        st.history[4u * i + 3u] = bitcast<u32>(f);
         // The exact form the scale pass multiplies by, f / S = m · 2^e with m
         // in [1, 2): one rounding, in the mantissas' quotient (none when S is
         // a power of two, as GradScaler keeps it).
@@ -196,7 +149,7 @@ fn adagc_step(@builtin(local_invocation_index) lid: u32) {
         st.boundary = st.threshold;
         st.decision = decision;
         st.recorded += 1u;
-        stats.state.scale_kind = SCALE_PER_TENSOR;
+        stats.state.scale_kind = CLIP_SCALE_PER_TENSOR;
         stats.state.dispatch = array<u32, 3>(select(0u, prm.scale_workgroups, scale), 1u, 1u);
     }
 }

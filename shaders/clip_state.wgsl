@@ -12,7 +12,7 @@ struct ClipState {
     total_norm: f32,     // of g / S when unscaling; +inf above f32::MAX (the factor stays exact)
     coefficient: f32,    // the factor as an f32 (0 or subnormal when it is below the normal range)
     nonfinite: u32,      // 1: an element was inf, 2: NaN, 4: a supplied partial was invalid
-    scale_kind: u32,     // 0 multiply, 1 zero the finite elements (inf norm), 2 all NaN, 3 per tensor
+    scale_kind: u32,     // CLIP_SCALE_*: how the scale pass treats each element
     dispatch: array<u32, 3>,  // gradclip's own scale dispatch
     found_inf: u32,      // 1: an unscaling clip saw a NaN/inf; gradients untouched, skip the step
     loss_scale: f32,     // the loss scale S for the next backward pass
@@ -24,6 +24,12 @@ struct ClipState {
     flags: u32,          // gradclip's CFG_* bits of that step
     max_norm: f32,       // the threshold it clipped to (an adaptive clip's, set on the GPU)
 }
+
+// ClipState.scale_kind, which gradclip's scale pass and clip_apply both go by.
+const CLIP_SCALE_MULTIPLY: u32 = 0u;    // g * the exact factor coef_mant * 2^coef_exp
+const CLIP_SCALE_ZERO_FINITE: u32 = 1u; // PyTorch with an inf norm: finite -> signed 0, inf/NaN -> NaN
+const CLIP_SCALE_ALL_NAN: u32 = 2u;     // NaN norm (or TensorFlow with any non-finite norm)
+const CLIP_SCALE_PER_TENSOR: u32 = 3u;  // each tensor by its own factor (gradclip's own scale pass)
 
 // sign | r * 2^k for r in [1, 4): exact where the result is a normal f32,
 // rounded to nearest even (on the bits) where it is subnormal, +-inf above.
@@ -99,20 +105,21 @@ fn clip_mul_exact(g: f32, fast: f32, m: f32, e: i32) -> f32 {
 }
 
 // What gradclip's scale pass writes for g under a global clip: g times the
-// exact factor (kind 0); for an inf norm under PyTorch semantics finite g
-// become signed zeros and inf/NaN become NaN (kind 1); NaN (kind 2). For a
-// step to skip (found_inf, or error_if_nonfinite with nonfinite != 0) the
-// factor is 1, so this returns g unchanged. Per-tensor clips (kind 3) have no
+// exact factor (CLIP_SCALE_MULTIPLY); for an inf norm under PyTorch
+// semantics finite g become signed zeros and inf/NaN become NaN
+// (CLIP_SCALE_ZERO_FINITE); NaN (CLIP_SCALE_ALL_NAN). For a step to skip
+// (found_inf, or error_if_nonfinite with nonfinite != 0) the factor is 1, so
+// this returns g unchanged. Per-tensor clips (CLIP_SCALE_PER_TENSOR) have no
 // single factor and were applied by gradclip's own scale pass: g unchanged.
 fn clip_apply(g: f32, s: ClipState) -> f32 {
-    if s.scale_kind == 3u {
+    if s.scale_kind == CLIP_SCALE_PER_TENSOR {
         return g;
     }
-    if s.scale_kind == 0u {
+    if s.scale_kind == CLIP_SCALE_MULTIPLY {
         return clip_mul_exact(g, clip_fast_factor(s.coef_mant, s.coef_exp), s.coef_mant, s.coef_exp);
     }
     let bits = bitcast<u32>(g);
-    if s.scale_kind == 1u && (bits & 0x7f800000u) != 0x7f800000u {
+    if s.scale_kind == CLIP_SCALE_ZERO_FINITE && (bits & 0x7f800000u) != 0x7f800000u {
         return bitcast<f32>(bits & 0x80000000u);
     }
     return bitcast<f32>(0x7fc00000u | (bits & 0x80000000u));

@@ -131,9 +131,9 @@ fn coefficient(nv: NormValue, flags: u32) -> Coefficient {
         let nan = (flags & FLAG_NAN) != 0u;
         let norm = f32_from_bits(select(POS_INF, QUIET_NAN, nan));
         if cfg.semantics == SEMANTICS_TORCH && !nan {
-            return Coefficient(norm, Factor(0.0, 0), SCALE_ZERO_FINITE);
+            return Coefficient(norm, Factor(0.0, 0), CLIP_SCALE_ZERO_FINITE);
         }
-        return Coefficient(norm, Factor(f32_from_bits(QUIET_NAN), 0), SCALE_ALL_NAN);
+        return Coefficient(norm, Factor(f32_from_bits(QUIET_NAN), 0), CLIP_SCALE_ALL_NAN);
     }
     var f: Factor;
     if cfg.semantics == SEMANTICS_TORCH {
@@ -154,7 +154,7 @@ fn coefficient(nv: NormValue, flags: u32) -> Coefficient {
     } else {
         f = divide(cfg.max_norm, nv.y, nv.k);
     }
-    return Coefficient(nv.norm, f, SCALE_MULTIPLY);
+    return Coefficient(nv.norm, f, CLIP_SCALE_MULTIPLY);
 }
 
 // Whether S can divide: finite, positive and normal. GradScaler's backoff
@@ -227,7 +227,7 @@ fn plain_clip(q: Partial, unscaling: bool) -> PlainClip {
     } else {
         return plain_norm_clip(q.v.x, ok);
     }
-    return PlainClip(Coefficient(norm, plain_factor(norm), SCALE_MULTIPLY), ok);
+    return PlainClip(Coefficient(norm, plain_factor(norm), CLIP_SCALE_MULTIPLY), ok);
 }
 
 // plain_clip for tensor_stats, whose tensors mostly have several
@@ -251,7 +251,7 @@ fn tensor_clip(q: Partial, unscaling: bool) -> PlainClip {
 // and the reduce pass's one-element tensors of a p (their element's bits).
 fn plain_norm_clip(norm: f32, ok: bool) -> PlainClip {
     let plain = bitcast<u32>(norm) == 0u || positive_normal(norm);
-    return PlainClip(Coefficient(norm, plain_factor(norm), SCALE_MULTIPLY), ok && plain);
+    return PlainClip(Coefficient(norm, plain_factor(norm), CLIP_SCALE_MULTIPLY), ok && plain);
 }
 
 // A test for plain_factor being 1 without its division: for PyTorch, the

@@ -40,12 +40,6 @@ const FLAG_INF: u32 = 1u;
 const FLAG_NAN: u32 = 2u;
 const FLAG_INVALID: u32 = 4u; // a supplied partial no reduction can produce (ClipState only)
 
-// ClipState.scale_kind: how the scale pass treats each element.
-const SCALE_MULTIPLY: u32 = 0u;    // g * coefficient (every g is finite here)
-const SCALE_ZERO_FINITE: u32 = 1u; // PyTorch with an inf norm: finite -> signed 0, inf/NaN -> NaN
-const SCALE_ALL_NAN: u32 = 2u;     // NaN norm (or TensorFlow with any non-finite norm)
-const SCALE_PER_TENSOR: u32 = 3u;  // g * stats.tensors[tensor]'s coefficient
-
 // Reports of the last LOG_LEN steps stay on the GPU, at log[step % LOG_LEN].
 const LOG_LEN: u32 = 64u;
 

@@ -182,7 +182,7 @@ fn finish(q: Partial, kind: u32, per_tensor_clips: bool) {
         // and say so (the report is Error::InvalidPartial).
         st.total_norm = f32_from_bits(QUIET_NAN);
         st.nonfinite = FLAG_INVALID;
-        st.scale_kind = SCALE_MULTIPLY;
+        st.scale_kind = CLIP_SCALE_MULTIPLY;
         st.coefficient = 1.0;
         st.coef_mant = 1.0;
         st.coef_exp = 0;
@@ -203,10 +203,10 @@ fn finish(q: Partial, kind: u32, per_tensor_clips: bool) {
     st.scale_kind = c.scale_kind;
     st.found_inf = u32(found_inf);
     st.unscaled_by = select(1.0, s, unscaling);
-    var scale = c.scale_kind != SCALE_MULTIPLY || !is_one(factor);
+    var scale = c.scale_kind != CLIP_SCALE_MULTIPLY || !is_one(factor);
     if (cfg.flags & CFG_PER_TENSOR) != 0u {
         // The report's factor stays the global one; the gradients get their tensor's.
-        st.scale_kind = SCALE_PER_TENSOR;
+        st.scale_kind = CLIP_SCALE_PER_TENSOR;
         scale = per_tensor_clips;
     }
     let skip = found_inf || (q.flags != 0u && (cfg.flags & CFG_ERROR_IF_NONFINITE) != 0u);
@@ -217,7 +217,7 @@ fn finish(q: Partial, kind: u32, per_tensor_clips: bool) {
         // Untouched gradients: an optimizer multiplying on load sees 1 and
         // found_inf / nonfinite tell it to skip the step.
         factor = factor_one();
-        st.scale_kind = SCALE_MULTIPLY;
+        st.scale_kind = CLIP_SCALE_MULTIPLY;
     }
     st.coef_mant = factor.m;
     st.coef_exp = factor.e;

@@ -5,15 +5,15 @@
 // them (elem_f32.wgsl): the quads wholly inside a run are stored whole, the
 // edge quads it shares with its neighbours one element at a time.
 
-// g under a scale kind; for SCALE_MULTIPLY times the exact factor m * 2^e
+// g under a scale kind; for CLIP_SCALE_MULTIPLY times the exact factor m * 2^e
 // (`fast` is clip_fast_factor(m, e)), so that a factor below
 // f32::MIN_POSITIVE or a subnormal g is not flushed on drivers that flush.
 fn scaled(g: f32, kind: u32, fast: f32, m: f32, e: i32) -> f32 {
-    if kind == SCALE_MULTIPLY {
+    if kind == CLIP_SCALE_MULTIPLY {
         return clip_mul_exact(g, fast, m, e);
     }
     let bits = bitcast<u32>(g);
-    if kind == SCALE_ZERO_FINITE && (bits & EXP_MASK) != EXP_MASK {
+    if kind == CLIP_SCALE_ZERO_FINITE && (bits & EXP_MASK) != EXP_MASK {
         return bitcast<f32>(bits & SIGN_MASK);
     }
     return f32_from_bits(QUIET_NAN);
@@ -144,7 +144,7 @@ fn scale_run(start: u32, len: u32, t: u32, kind: u32, fast: f32, m: f32, e: i32)
     let r = run_of(start, len);
     let w = team_walk(r.inner.y - r.inner.x, t);
     var u = w.first;
-    if kind == SCALE_MULTIPLY && bitcast<u32>(fast) != 0u {
+    if kind == CLIP_SCALE_MULTIPLY && bitcast<u32>(fast) != 0u {
         let lowest = plain_floor(fast);
         for (; u + 3u * TEAM < w.end; u += 4u * TEAM) {
             let q = r.inner.x + u;
@@ -193,10 +193,10 @@ fn clamped_quad(g: vec4<f32>, lo: i32, hi: i32) -> vec4<f32> {
 @compute @workgroup_size(WG)
 fn scale(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let global_kind = stats.state.scale_kind;
-    let per_tensor = global_kind == SCALE_PER_TENSOR;
+    let per_tensor = global_kind == CLIP_SCALE_PER_TENSOR;
     // A tensor's factor already encodes NaN/inf handling: an exact
     // multiply by 0 or NaN gives what PyTorch and TensorFlow give.
-    let kind = select(global_kind, SCALE_MULTIPLY, per_tensor);
+    let kind = select(global_kind, CLIP_SCALE_MULTIPLY, per_tensor);
     let range = window_chunks();
     let stride = stride_workgroups();
     for (var c = range.x + wg.x; c < range.y; c += stride) {

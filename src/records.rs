@@ -96,6 +96,7 @@ pub struct ClipState {
     /// is below the normal range; `coef_mant * 2^coef_exp` is exact.
     pub coefficient: f32,
     pub nonfinite: u32,
+    /// How the scale pass treats each element: one of the `CLIP_SCALE_*` constants.
     pub scale_kind: u32,
     pub dispatch: [u32; 3],
     /// 1 when an unscaling clip found a NaN or inf: gradients untouched, skip the step.
@@ -177,6 +178,16 @@ pub const CFG_ERROR_IF_NONFINITE: u32 = 16;
 pub const CFG_SUPPLIED: u32 = 32;
 pub const CFG_KEEP_SCALE: u32 = 64;
 
+/// `ClipState.scale_kind` values, the WGSL constants of the same names in
+/// [`crate::wgsl::CLIP_STATE`], by which the scale pass and `clip_apply`
+/// treat each element: times the exact factor; PyTorch's inf norm (finite
+/// elements to signed zeros, the others NaN); all NaN (a NaN norm, or
+/// TensorFlow's non-finite one); each tensor by its own factor.
+pub const CLIP_SCALE_MULTIPLY: u32 = 0;
+pub const CLIP_SCALE_ZERO_FINITE: u32 = 1;
+pub const CLIP_SCALE_ALL_NAN: u32 = 2;
+pub const CLIP_SCALE_PER_TENSOR: u32 = 3;
+
 /// Values of AGC's `DTYPE` override ([`crate::shaders::AGC_DTYPE_OVERRIDE`]),
 /// the WGSL constants of the same names in `shaders/adaptive_agc.wgsl`.
 pub const AGC_DTYPE_F32: u32 = 0;
@@ -184,14 +195,15 @@ pub const AGC_DTYPE_F16: u32 = 1;
 pub const AGC_DTYPE_BF16: u32 = 2;
 
 /// `AdaptiveParams.method` and `AdaptiveState.method` of each adaptive
-/// method (`shaders/adaptive.wgsl`; AdaGC's module has its own pass).
+/// method (`shaders/adaptive_records.wgsl`, which both adaptive modules
+/// include; AdaGC's module has its own pass).
 pub const METHOD_ZCLIP: u32 = 1;
 pub const METHOD_AUTOCLIP: u32 = 2;
 pub const METHOD_ADAGC: u32 = 3;
 
 /// `AdaptiveParams.flags` bits: ZClip's cap, mode, clip target and
-/// skip-on-spike, AutoClip's order and histogram (`shaders/adaptive.wgsl`),
-/// AdaGC's semantics (`shaders/adaptive_adagc.wgsl`).
+/// skip-on-spike, AutoClip's order and histogram, AdaGC's semantics
+/// (`shaders/adaptive_records.wgsl`).
 pub const P_HAS_CAP: u32 = 1;
 pub const P_PERCENTILE_MODE: u32 = 2;
 pub const P_CLIP_TO_MEAN: u32 = 4;

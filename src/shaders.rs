@@ -53,6 +53,11 @@ const COEFFICIENT: (&str, &str) = (
     include_str!("../shaders/coefficient.wgsl"),
 );
 const HALF: (&str, &str) = ("half.wgsl", include_str!("../shaders/half.wgsl"));
+/// The adaptive passes' records and bits, one declaration for both modules.
+const ADAPTIVE_RECORDS: (&str, &str) = (
+    "adaptive_records.wgsl",
+    include_str!("../shaders/adaptive_records.wgsl"),
+);
 const REDUCE_FILE: (&str, &str) = ("reduce.wgsl", include_str!("../shaders/reduce.wgsl"));
 const SCALE_FILE: (&str, &str) = ("scale.wgsl", include_str!("../shaders/scale.wgsl"));
 const ELEM_F32: (&str, &str) = ("elem_f32.wgsl", include_str!("../shaders/elem_f32.wgsl"));
@@ -260,6 +265,7 @@ pub const ADAPTIVE: PassModule = PassModule {
     files: &[
         CLIP_STATE,
         BITS,
+        ADAPTIVE_RECORDS,
         ("adaptive.wgsl", include_str!("../shaders/adaptive.wgsl")),
     ],
     entry_points: &["adaptive_step"],
@@ -275,6 +281,7 @@ pub const ADAPTIVE_ADAGC: PassModule = PassModule {
         CLIP_STATE,
         BITS,
         DIVISION,
+        ADAPTIVE_RECORDS,
         (
             "adaptive_adagc.wgsl",
             include_str!("../shaders/adaptive_adagc.wgsl"),

@@ -29,8 +29,10 @@
 /// `clip_apply(g: f32, clip: ClipState) -> f32`, which multiplies a gradient
 /// exactly as gradclip's scale pass does (the factor exact even below
 /// `f32::MIN_POSITIVE`, PyTorch's and TensorFlow's NaN/inf rules), plus its
-/// helpers (`clip_compose`, `clip_fast_factor`, `clip_mul_exact`). Every
-/// gradclip shader module starts with this very text.
+/// helpers (`clip_compose`, `clip_fast_factor`, `clip_mul_exact`) and the
+/// `CLIP_SCALE_*` values of `ClipState.scale_kind`
+/// ([`records::CLIP_SCALE_MULTIPLY`](crate::records::CLIP_SCALE_MULTIPLY) and
+/// the others). Every gradclip shader module starts with this very text.
 pub const CLIP_STATE: &str = include_str!("../shaders/clip_state.wgsl");
 
 /// The bind-group-layout entry for

@@ -712,7 +712,8 @@ fn the_adaptive_records_are_where_the_host_puts_them() {
         let tensors = stats.iter().find(|(n, _)| n == "tensors").unwrap().1;
         assert_eq!(tensors as u64, gradclip::records::STATS_TENSORS_OFFSET);
     });
-    // Both modules declare the same parameter record. (tests/native/shaders.rs
+    // Both modules take the parameter record from adaptive_records.wgsl, and
+    // the host writes one layout for both. (tests/native/shaders.rs
     // validates and translates every entry point for every backend.)
     assert_eq!(params, adagc_params);
 }

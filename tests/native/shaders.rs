@@ -533,6 +533,8 @@ fn adaptive_constants_match_the_host() {
             ("P_SKIP_ON_SPIKE", records::P_SKIP_ON_SPIKE),
             ("P_INCLUDE_CURRENT", records::P_INCLUDE_CURRENT),
             ("P_HISTOGRAM", records::P_HISTOGRAM),
+            ("P_TENSORFLOW", records::P_TENSORFLOW),
+            ("METHOD_ADAGC", records::METHOD_ADAGC),
         ],
     );
     let (module, _) = parse(&ADAPTIVE_ADAGC);
@@ -540,13 +542,24 @@ fn adaptive_constants_match_the_host() {
     assert_constants(
         &module,
         ADAPTIVE_ADAGC.name,
+        &[("P_TENSORFLOW", records::P_TENSORFLOW)],
+    );
+}
+
+/// The scale kinds users' shaders read from `ClipState` (the exported
+/// text, parsed on its own, as they paste it) are the host's.
+#[test]
+fn scale_kinds_match_the_host() {
+    let module =
+        naga::front::wgsl::parse_str(gradclip::wgsl::CLIP_STATE).expect("CLIP_STATE parses alone");
+    assert_constants(
+        &module,
+        "gradclip::wgsl::CLIP_STATE",
         &[
-            ("P_TENSORFLOW", records::P_TENSORFLOW),
-            // Its own copy of common.wgsl's scale kind, which it writes.
-            ("SCALE_PER_TENSOR", {
-                let (common, _) = parse(&MODULES[2]);
-                u32_constant(&common, "SCALE_PER_TENSOR")
-            }),
+            ("CLIP_SCALE_MULTIPLY", records::CLIP_SCALE_MULTIPLY),
+            ("CLIP_SCALE_ZERO_FINITE", records::CLIP_SCALE_ZERO_FINITE),
+            ("CLIP_SCALE_ALL_NAN", records::CLIP_SCALE_ALL_NAN),
+            ("CLIP_SCALE_PER_TENSOR", records::CLIP_SCALE_PER_TENSOR),
         ],
     );
 }
