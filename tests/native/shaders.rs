@@ -148,6 +148,90 @@ fn every_pass_module_takes_the_hosts_sizes_and_team_has_no_default() {
     }
 }
 
+/// A module's entry point as each backend wgpu has takes it.
+struct Translations {
+    spirv: Vec<u32>,
+    msl: String,
+    hlsl: String,
+    /// None for a module that needs shader-f16, which wgpu's GL backend lacks.
+    glsl: Option<String>,
+}
+
+/// Translates `entry` of a validated, specialised module to SPIR-V, MSL,
+/// HLSL and GLSL ES 3.1, panicking with `what` and the backend on failure.
+fn translate(
+    module: &naga::Module,
+    info: &ModuleInfo,
+    entry: &str,
+    shader_f16: bool,
+    what: &str,
+) -> Translations {
+    let spv_pipeline = spv::PipelineOptions {
+        shader_stage: naga::ShaderStage::Compute,
+        entry_point: entry.to_string(),
+    };
+    let spirv = spv::write_vec(module, info, &spv::Options::default(), Some(&spv_pipeline))
+        .unwrap_or_else(|e| panic!("{what}: SPIR-V: {e}"));
+
+    let msl_pipeline = msl::PipelineOptions {
+        entry_point: Some((naga::ShaderStage::Compute, entry.to_string())),
+        ..Default::default()
+    };
+    let (msl, _) = msl::write_string(module, info, &msl::Options::default(), &msl_pipeline)
+        .unwrap_or_else(|e| panic!("{what}: MSL: {e}"));
+
+    // 16-bit types need shader model 6.2 in HLSL; wgpu's DX12 backend
+    // only offers SHADER_F16 where DXC provides it.
+    let hlsl_options = if shader_f16 {
+        hlsl::Options {
+            shader_model: hlsl::ShaderModel::V6_2,
+            ..Default::default()
+        }
+    } else {
+        hlsl::Options::default()
+    };
+    let hlsl_pipeline = hlsl::PipelineOptions {
+        entry_point: Some((naga::ShaderStage::Compute, entry.to_string())),
+    };
+    let mut hlsl = String::new();
+    hlsl::Writer::new(&mut hlsl, &hlsl_options, &hlsl_pipeline)
+        .write(module, info, None)
+        .unwrap_or_else(|e| panic!("{what}: HLSL: {e}"));
+
+    let glsl = (!shader_f16).then(|| {
+        let glsl_options = glsl::Options {
+            version: glsl::Version::Embedded {
+                version: 310,
+                is_webgl: false,
+            },
+            ..Default::default()
+        };
+        let glsl_pipeline = glsl::PipelineOptions {
+            shader_stage: naga::ShaderStage::Compute,
+            entry_point: entry.to_string(),
+            multiview: None,
+        };
+        let mut out = String::new();
+        glsl::Writer::new(
+            &mut out,
+            module,
+            info,
+            &glsl_options,
+            &glsl_pipeline,
+            naga::proc::BoundsCheckPolicies::default(),
+        )
+        .and_then(|mut w| w.write())
+        .unwrap_or_else(|e| panic!("{what}: GLSL: {e}"));
+        out
+    });
+    Translations {
+        spirv,
+        msl,
+        hlsl,
+        glsl,
+    }
+}
+
 #[test]
 fn every_entry_point_translates_for_every_backend() {
     for pass in MODULES {
@@ -161,78 +245,21 @@ fn every_entry_point_translates_for_every_backend() {
             let (module, info) = specialised_kind(&pass, 256, entry, kind, power);
             let what = format!("{} / {entry} / KIND={kind} POWER={power}", pass.name);
 
-            let spv_options = spv::Options::default();
-            let spv_pipeline = spv::PipelineOptions {
-                shader_stage: naga::ShaderStage::Compute,
-                entry_point: entry.to_string(),
-            };
-            let words = spv::write_vec(&module, &info, &spv_options, Some(&spv_pipeline))
-                .unwrap_or_else(|e| panic!("{what}: SPIR-V: {e}"));
-            assert_eq!(words[0], 0x0723_0203, "{what}: SPIR-V magic");
-
-            let msl_pipeline = msl::PipelineOptions {
-                entry_point: Some((naga::ShaderStage::Compute, entry.to_string())),
-                ..Default::default()
-            };
-            let (metal, _) =
-                msl::write_string(&module, &info, &msl::Options::default(), &msl_pipeline)
-                    .unwrap_or_else(|e| panic!("{what}: MSL: {e}"));
-            assert!(metal.contains("kernel"), "{what}: MSL has a kernel");
-
-            // 16-bit types need shader model 6.2 in HLSL; wgpu's DX12 backend
-            // only offers SHADER_F16 where DXC provides it.
-            let hlsl_options = if pass.shader_f16 {
-                hlsl::Options {
-                    shader_model: hlsl::ShaderModel::V6_2,
-                    ..Default::default()
-                }
-            } else {
-                hlsl::Options::default()
-            };
-            let hlsl_pipeline = hlsl::PipelineOptions {
-                entry_point: Some((naga::ShaderStage::Compute, entry.to_string())),
-            };
-            let mut hlsl_out = String::new();
-            hlsl::Writer::new(&mut hlsl_out, &hlsl_options, &hlsl_pipeline)
-                .write(&module, &info, None)
-                .unwrap_or_else(|e| panic!("{what}: HLSL: {e}"));
+            let out = translate(&module, &info, entry, pass.shader_f16, &what);
+            assert_eq!(out.spirv[0], 0x0723_0203, "{what}: SPIR-V magic");
+            assert!(out.msl.contains("kernel"), "{what}: MSL has a kernel");
             assert!(
-                hlsl_out.contains("[numthreads(256, 1, 1)]"),
+                out.hlsl.contains("[numthreads(256, 1, 1)]"),
                 "{what}: HLSL numthreads"
             );
-
-            if pass.shader_f16 {
-                // wgpu's GL backend has no shader-f16: GL devices take the
-                // packed modules, which are translated to GLSL like the rest.
-                continue;
+            // wgpu's GL backend has no shader-f16: GL devices take the
+            // packed modules, which are translated to GLSL like the rest.
+            if let Some(glsl) = out.glsl {
+                assert!(
+                    glsl.contains("local_size_x = 256"),
+                    "{what}: GLSL local size"
+                );
             }
-            let glsl_options = glsl::Options {
-                version: glsl::Version::Embedded {
-                    version: 310,
-                    is_webgl: false,
-                },
-                ..Default::default()
-            };
-            let glsl_pipeline = glsl::PipelineOptions {
-                shader_stage: naga::ShaderStage::Compute,
-                entry_point: entry.to_string(),
-                multiview: None,
-            };
-            let mut glsl_out = String::new();
-            glsl::Writer::new(
-                &mut glsl_out,
-                &module,
-                &info,
-                &glsl_options,
-                &glsl_pipeline,
-                naga::proc::BoundsCheckPolicies::default(),
-            )
-            .and_then(|mut w| w.write())
-            .unwrap_or_else(|e| panic!("{what}: GLSL: {e}"));
-            assert!(
-                glsl_out.contains("local_size_x = 256"),
-                "{what}: GLSL local size"
-            );
         }
     }
 }
@@ -680,53 +707,8 @@ fn adaptive_modules_validate_and_translate_for_every_backend() {
                 constants,
             )
             .unwrap_or_else(|e| panic!("{what}: overrides: {e}"));
-            let spv_pipeline = spv::PipelineOptions {
-                shader_stage: naga::ShaderStage::Compute,
-                entry_point: entry.to_string(),
-            };
-            spv::write_vec(
-                &module,
-                &info,
-                &spv::Options::default(),
-                Some(&spv_pipeline),
-            )
-            .unwrap_or_else(|e| panic!("{what}: SPIR-V: {e}"));
-            let msl_pipeline = msl::PipelineOptions {
-                entry_point: Some((naga::ShaderStage::Compute, entry.to_string())),
-                ..Default::default()
-            };
-            msl::write_string(&module, &info, &msl::Options::default(), &msl_pipeline)
-                .unwrap_or_else(|e| panic!("{what}: MSL: {e}"));
-            let hlsl_pipeline = hlsl::PipelineOptions {
-                entry_point: Some((naga::ShaderStage::Compute, entry.to_string())),
-            };
-            let mut hlsl_out = String::new();
-            hlsl::Writer::new(&mut hlsl_out, &hlsl::Options::default(), &hlsl_pipeline)
-                .write(&module, &info, None)
-                .unwrap_or_else(|e| panic!("{what}: HLSL: {e}"));
-            let glsl_options = glsl::Options {
-                version: glsl::Version::Embedded {
-                    version: 310,
-                    is_webgl: false,
-                },
-                ..Default::default()
-            };
-            let glsl_pipeline = glsl::PipelineOptions {
-                shader_stage: naga::ShaderStage::Compute,
-                entry_point: entry.to_string(),
-                multiview: None,
-            };
-            let mut glsl_out = String::new();
-            glsl::Writer::new(
-                &mut glsl_out,
-                &module,
-                &info,
-                &glsl_options,
-                &glsl_pipeline,
-                naga::proc::BoundsCheckPolicies::default(),
-            )
-            .and_then(|mut w| w.write())
-            .unwrap_or_else(|e| panic!("{what}: GLSL: {e}"));
+            let out = translate(&module, &info, entry, pass.shader_f16, &what);
+            assert_eq!(out.spirv[0], 0x0723_0203, "{what}: SPIR-V magic");
         }
     }
 }
