@@ -12,6 +12,7 @@ use crate::config::Reduction;
 use crate::dtype::{ElementPath, GradType};
 use crate::error::{Error, Result};
 use crate::gpu_errors::{check_alive, Catch};
+use crate::lock::lock;
 use crate::records::{ClipConfig, TensorStat, WindowInfo, DISPATCH_SIZE, STATS_HEAD_SIZE};
 use crate::shaders::{self, PassModule};
 use crate::upload::Uploads;
@@ -465,10 +466,7 @@ impl Inner {
 
     /// The modules of `path`, made on first use (errors caught and returned).
     pub fn element_pipelines(&self, path: ElementPath) -> Result<Arc<ElementPipelines>> {
-        let mut cache = self
-            .element_pipelines
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut cache = lock(&self.element_pipelines);
         if let Some(made) = &cache[path.index()] {
             return Ok(made.clone());
         }

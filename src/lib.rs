@@ -44,6 +44,7 @@ mod error;
 mod gpu_errors;
 mod grad_set; // a bound set
 mod layout;
+mod lock;
 mod partial;
 mod plan; // planning of a layout
 mod readback;

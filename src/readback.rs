@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use futures_intrusive::channel::shared::{oneshot_channel, OneshotReceiver};
 
 use crate::error::{Error, Result};
+use crate::lock::lock;
 use crate::plan::stats_size;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -48,11 +49,6 @@ impl Copy {
             ),
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A panic elsewhere cannot leave these small records half-written.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Where a readback buffer stands. One mutex decides between the map

@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::grad_set::GradSet;
+use crate::lock::lock;
 use crate::partial::NormPartial;
 use crate::readback::{Book, Copy, Read, Ticket};
 use crate::records::{
@@ -283,7 +284,7 @@ impl GradSet {
     fn start_read(&self) -> Result<(Ticket, Copy)> {
         let tensor_step = self.tensor_steps();
         let what = {
-            let mut book = self.reader().book.lock().unwrap_or_else(|e| e.into_inner());
+            let mut book = lock(&self.reader().book);
             if tensor_step > book.tensors_copied_for {
                 book.tensors_copied_for = tensor_step;
                 Copy::Full
@@ -305,18 +306,14 @@ impl GradSet {
     fn absorb(&self, ticket: &Ticket, what: Copy) -> Result<()> {
         let recorded = self.steps_recorded();
         let tensor_count = self.layout().len();
-        let mut book = self.reader().book.lock().unwrap_or_else(|e| e.into_inner());
+        let mut book = lock(&self.reader().book);
         ticket.read(|bytes| book.absorb(bytes, what == Copy::Full, recorded, tensor_count))
     }
 
     /// Takes in the background reads of `poll_reports` that are back.
     fn absorb_pending(&self) -> Result<()> {
         let done: Vec<(Ticket, Copy)> = {
-            let mut pending = self
-                .reader()
-                .pending
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let mut pending = lock(&self.reader().pending);
             let (done, waiting) = std::mem::take(&mut *pending)
                 .into_iter()
                 .partition(|(t, _)| t.is_done());
@@ -379,12 +376,8 @@ impl GradSet {
         self.absorb_pending()?;
         let recorded = self.steps_recorded();
         let start = {
-            let mut book = self.reader().book.lock().unwrap_or_else(|e| e.into_inner());
-            let pending = self
-                .reader()
-                .pending
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let mut book = lock(&self.reader().book);
+            let pending = lock(&self.reader().pending);
             // One read in flight at a time. Start one for steps recorded
             // since the last read began, and again while recorded steps are
             // still unseen: a read that began before their submission did
@@ -398,18 +391,9 @@ impl GradSet {
         };
         if start {
             let read = self.start_read()?;
-            self.reader()
-                .pending
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(read);
+            lock(&self.reader().pending).push(read);
         }
-        Ok(self
-            .reader()
-            .book
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take())
+        Ok(lock(&self.reader().book).take())
     }
 
     /// The report of the latest norm clip recorded on this set that has run
@@ -450,7 +434,7 @@ impl GradSet {
             return Err(Error::NoReport);
         }
         self.read_now().await?;
-        let book = self.reader().book.lock().unwrap_or_else(|e| e.into_inner());
+        let book = lock(&self.reader().book);
         book.latest
             .as_ref()
             .map(to_result)
@@ -488,12 +472,7 @@ impl GradSet {
         if self.steps_recorded() > 0 {
             self.read_now().await?;
         }
-        Ok(self
-            .reader()
-            .book
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take())
+        Ok(lock(&self.reader().book).take())
     }
 
     /// The [`NormPartial`] of the latest norm clip recorded on this set, with

@@ -18,6 +18,7 @@
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
+use crate::lock::lock;
 
 /// Bytes of the smallest staging buffer (a `ClipConfig` fits); larger
 /// uploads (a moved set's plan table) take buffers of the next power of two.
@@ -46,11 +47,6 @@ enum State {
 struct Staging {
     buffer: wgpu::Buffer,
     state: Arc<Mutex<State>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // The states are single enums: a panic elsewhere cannot leave one half-written.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Returns a staging buffer to the pool when the callback that owns it is

@@ -10,6 +10,7 @@ use crate::clipper::ReduceNeeds;
 use crate::config::{clamp_record, ClipNorm, Reduction};
 use crate::error::{Error, Result};
 use crate::gpu_errors::check_same_device;
+use crate::lock::lock;
 use crate::partial::NormPartial;
 use crate::plan::{check_recordable, require_usage, too_large};
 use crate::records::{
@@ -53,7 +54,7 @@ impl Verified {
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         object.hash(&mut hasher);
         let key = hasher.finish();
-        let mut known = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut known = lock(&self.0);
         if known.contains(&key) {
             return Ok(());
         }
