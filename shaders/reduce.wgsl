@@ -1738,14 +1738,18 @@ fn declined_fold(r: Run, kind: u32) -> Partial {
 // segment on CPU drivers (thousands of tiny tensors).
 fn reduce_segments(c: u32, t: u32, kind: u32, whole: Partial, tracked: bool, units: vec2<u32>, walk: UnitWalk) {
     let segs = flat_segments(c);
-    if segs.y - segs.x == 1u {
+    if UNTRACKED && segs.y - segs.x == 1u {
         if t == 0u {
             store_partial(segs.x, whole);
         }
         return;
     }
-    let ends = whole_ends(segs);
-    let sc = stat_scale();
+    var ends = vec2(false);
+    var sc = StatScale(false, false, 1.0);
+    if FUSE {
+        ends = whole_ends(segs);
+        sc = stat_scale();
+    }
     var clipped = false;
     // The loop below takes the segments outside the unit run.
     let ch = chunk_at(c);
@@ -2137,6 +2141,20 @@ fn reduce(
 // (docs/bench-cpu-drivers.md, fifty-first session).
 override SEGMENTS: bool = true;
 
+// Whether some flat chunk of the set is walked untracked in
+// reduce_tensors: a chunk of one segment, one of several segments that
+// tracks_segments or tracked_round declines, or one with a unit run. The
+// host turns it off where every flat chunk takes the tracked walk
+// (plan::Bound::untracked, with a mirror of both). Off, the pipeline has
+// neither the plain nor the unit walk beside the tracked one: CPU drivers
+// pay for code no lane runs (SwiftShader runs both sides of a branch
+// under a lane mask). 10^7 elements, no-clip, tensor_norms / plain step,
+// alternating rounds: 10 000 tensors of 1 000 elements on SwiftShader L2
+// 1.52 -> 1.42, Inf 1.49 -> 1.39, p = 3 1.65 -> 1.50, on lavapipe and
+// llvmpipe GL L2 1.09 -> 1.07; 100 000 tensors of 100 (fused) L2 3.55 ->
+// 3.21 on SwiftShader, 1.89 -> 1.75 on lavapipe, 1.84 -> 1.74 on GL.
+override UNTRACKED: bool = true;
+
 // reduce_tensors for flat chunk c of a set without segments outside unit
 // runs (SEGMENTS off, FUSE on): a chunk that is all unit run gets what
 // reduce_segments gives it (unit_stats after the unit walk, which stores
@@ -2188,7 +2206,9 @@ fn reduce_tensors(
         // are shorter than a block but where the run is all the chunk has:
         // a quad), so that its flat walk can take the run.
         var round = 0u;
-        if tracks_segments(segs) && !has_units {
+        if !UNTRACKED {
+            round = tracked_round(c);
+        } else if tracks_segments(segs) && !has_units {
             round = tracked_round(c);
         }
         // One call of reduce_segments for every walk: the shader compilers
@@ -2196,13 +2216,24 @@ fn reduce_tensors(
         // twice as long to compile on lavapipe and llvmpipe GL.
         var whole: Partial;
         var walk = UnitWalk(false, false, 0u);
-        if round != 0u {
-            whole = reduce_flat_tracked(c, t, segs, round);
-        } else if has_units {
-            whole = reduce_flat_unit_run(c, t, units, &walk);
-        } else {
-            whole = reduce_flat(c, t);
+        // The other walks under a constant branch, which a pipeline with
+        // UNTRACKED off does not have: with `!UNTRACKED || round != 0u` for
+        // a condition SwiftShader kept them (the step of the figures at
+        // UNTRACKED 1.49, four rounds, against 1.42).
+        var tracked = true;
+        if UNTRACKED {
+            tracked = round != 0u;
+            if !tracked {
+                if has_units {
+                    whole = reduce_flat_unit_run(c, t, units, &walk);
+                } else {
+                    whole = reduce_flat(c, t);
+                }
+            }
         }
-        reduce_segments(c, t, KIND, whole, round != 0u, units, walk);
+        if tracked {
+            whole = reduce_flat_tracked(c, t, segs, round);
+        }
+        reduce_segments(c, t, KIND, whole, tracked, units, walk);
     }
 }

@@ -145,8 +145,9 @@ pub(crate) struct ElementPipelines {
     /// Entry point `reduce` (global results only), then `reduce_tensors`
     /// without the tracked walk, and with it, without and with fused
     /// tensors, without and with the segment lists, then with fused
-    /// tensors and no segment outside unit runs ([`Clipper::reduce`]).
-    reduce: [[Lazy; Reduction::REDUCE_VARIANTS]; 7],
+    /// tensors and no segment outside unit runs, then with every chunk
+    /// tracked, without and with fused tensors ([`Clipper::reduce`]).
+    reduce: [[Lazy; Reduction::REDUCE_VARIANTS]; 9],
     scale: Lazy,
     clamp: Lazy,
 }
@@ -545,10 +546,14 @@ impl Inner {
         let fuse = track && set.fused;
         let segments = !fuse || set.segments;
         let lists = track && set.fold_lists && segments;
+        // Where every chunk is tracked, none has a unit run and none needs
+        // the lists: cells 7 and 8 have neither.
+        let untracked = !track || set.untracked;
         let (index, entry) = match (per_tensor, track) {
             (false, _) => (0, "reduce"),
             (true, false) => (1, "reduce_tensors"),
             (true, true) if !segments => (6, "reduce_tensors"),
+            (true, true) if !untracked => (7 + usize::from(fuse), "reduce_tensors"),
             (true, true) => (
                 2 + usize::from(fuse) + 2 * usize::from(lists),
                 "reduce_tensors",
@@ -558,8 +563,9 @@ impl Inner {
         let overrides = Overrides {
             track,
             fuse,
-            lists,
+            lists: lists && untracked,
             segments,
+            untracked,
         };
         self.lazy(cell, module, entry, Specialised::Reduce(r, overrides))
     }
@@ -628,13 +634,14 @@ enum Specialised {
 }
 
 /// The reduce module's boolean overrides: `TRACK`, `FUSE`, `FOLD_LISTS`,
-/// `SEGMENTS`.
+/// `SEGMENTS`, `UNTRACKED`.
 #[derive(Clone, Copy)]
 struct Overrides {
     track: bool,
     fuse: bool,
     lists: bool,
     segments: bool,
+    untracked: bool,
 }
 
 /// What a set's layout asks of its per-tensor reduce pipeline
@@ -651,6 +658,9 @@ pub(crate) struct ReduceNeeds {
     /// Some flat chunk of several segments has one outside its unit run
     /// (`SEGMENTS`; off only with fused tensors).
     pub segments: bool,
+    /// Some flat chunk is walked untracked (`UNTRACKED`; off only where
+    /// every chunk has several segments).
+    pub untracked: bool,
 }
 
 /// The pipeline of `entry` in `module`, specialised through its overrides.
@@ -687,6 +697,13 @@ fn make_pipeline(
         constants.push((shaders::SEGMENTS_OVERRIDE, f64::from(u8::from(o.segments))));
         if !o.segments {
             label = format!("{label} units only");
+        }
+        constants.push((
+            shaders::UNTRACKED_OVERRIDE,
+            f64::from(u8::from(o.untracked)),
+        ));
+        if !o.untracked {
+            label = format!("{label} tracked only");
         }
     }
     device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {

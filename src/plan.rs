@@ -445,23 +445,28 @@ pub(crate) fn plan(
     })
 }
 
-/// Whether the reduce pass needs its per-segment fold's lists of medium
-/// and long segments (WGSL `FOLD_LISTS`): some flat chunk of several
-/// segments is not tracked ([`shaders::tracks_chunk`]) and holds a segment
-/// of at least `tiny_run` elements (the element-wise fold takes the
-/// shorter ones). A general p's slots take two words, so fewer of its
-/// chunks are tracked.
+/// A property of a layout's per-tensor reduce that depends on whether the
+/// reduction is a general p, whose tracked walk's slots take two words
+/// ([`shaders::slot_words`]), so that fewer of its chunks are tracked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub(crate) struct FoldLists {
+pub(crate) struct ByPower {
     /// For L2, Inf and an integer p.
     pub plain: bool,
     /// For a general p.
     pub general_p: bool,
 }
 
-impl FoldLists {
-    /// Whether a reduction, a general p or not, needs the lists.
-    pub fn needed(self, general_p: bool) -> bool {
+impl ByPower {
+    /// The property for each kind of reduction, from `of(general_p)`.
+    fn of(of: impl Fn(bool) -> bool) -> Self {
+        Self {
+            plain: of(false),
+            general_p: of(true),
+        }
+    }
+
+    /// The property for a reduction, a general p or not.
+    pub fn get(self, general_p: bool) -> bool {
         if general_p {
             self.general_p
         } else {
@@ -487,8 +492,17 @@ pub(crate) struct Bound {
     /// window ([`grid`]).
     pub reduce_grid: [u32; 2],
     /// Whether the reduce pass needs its per-segment fold's lists of
-    /// medium and long segments (WGSL `FOLD_LISTS`).
-    pub fold_lists: FoldLists,
+    /// medium and long segments (WGSL `FOLD_LISTS`): some flat chunk of
+    /// several segments is not tracked ([`shaders::tracks_chunk`]) and
+    /// holds a segment of at least `tiny_run` elements (the element-wise
+    /// fold takes the shorter ones).
+    pub fold_lists: ByPower,
+    /// Whether the per-tensor reduce walks some flat chunk untracked
+    /// (WGSL `UNTRACKED`): a chunk of one segment, one of several that
+    /// [`shaders::tracks_chunk`] declines, or one with a unit run (whose
+    /// walk takes the run). Off, every chunk takes the tracked walk, and
+    /// the pipeline needs no other.
+    pub untracked: ByPower,
     /// Workgroups of the per-tensor statistics pass (invocations striding
     /// over the split tensors, `tensors_per_invocation` each where there
     /// are that many), for workgroups of `workgroup_size` invocations; none
@@ -550,28 +564,31 @@ impl Bound {
         let segments = most(|w| w.chunk_end - w.chunk_begin);
         let flat = most(|w| w.flat_end - w.flat_begin);
         let cap = MAX_WORKGROUPS.min(limits.max_compute_workgroups_per_dimension);
-        let lists = |general_p: bool| {
+        let tracked = |k: usize, general_p: bool| {
+            let (first, end) = plan.flat_segments(k);
+            shaders::tracks_chunk(
+                (end - first) as u32,
+                plan.gap(k),
+                workgroup_size,
+                team,
+                longest_chunk,
+                shaders::slot_words(general_p),
+            )
+        };
+        let fold_lists = ByPower::of(|general_p| {
             (0..plan.flat.len()).any(|k| {
                 let (first, end) = plan.flat_segments(k);
-                let segments = (end - first) as u32;
-                segments > 1
-                    && !shaders::tracks_chunk(
-                        segments,
-                        plan.gap(k),
-                        workgroup_size,
-                        team,
-                        longest_chunk,
-                        shaders::slot_words(general_p),
-                    )
+                end - first > 1
+                    && !tracked(k, general_p)
                     && plan.chunks[first..end].iter().any(|c| c.len >= below)
             })
-        };
-        let fold_lists = FoldLists {
-            plain: lists(false),
-            general_p: lists(true),
-        };
+        });
+        let untracked = ByPower::of(|general_p| {
+            (0..plan.flat.len()).any(|k| !tracked(k, general_p) || plan.has_unit_run(k))
+        });
         Ok(Self {
             fold_lists,
+            untracked,
             chunk_elements,
             window_bytes,
             workgroups: segments.clamp(1, cap),
@@ -755,6 +772,12 @@ impl Plan {
                     .get(k)
                     .is_none_or(|&(b, e)| (b as usize, e as usize) != (first, end))
         })
+    }
+
+    /// Whether flat chunk k has a unit run (WGSL `unit_run`, which the
+    /// per-tensor reduce's walk then takes).
+    pub fn has_unit_run(&self, k: usize) -> bool {
+        self.units.get(k).is_some_and(|&(begin, end)| end > begin)
     }
 
     /// Flat chunk k's segments, as [begin, end) indices of `chunks`.
@@ -966,6 +989,53 @@ mod tests {
         let layout = GradLayout::from_sizes(&[64, 128]).unwrap();
         let alone = plan(&layout, &packed(&layout), 64, 1 << 20, 16).unwrap();
         assert!(!alone.segments_outside_units());
+    }
+
+    #[test]
+    fn a_set_walks_a_chunk_untracked_unless_every_chunk_is_tracked() {
+        // A CPU adapter's reduce (256 invocations, teams of one, chunks of
+        // up to 131072 elements: 32768 here) tracks a chunk of up to 1281
+        // segments (513 for a general p, whose slots take two words) none
+        // of whose inner ones is shorter than a block of 16 elements; a
+        // GPU's (teams of 8) up to 161 (65) and blocks of 128.
+        let untracked = |sizes: &[usize], team: u32| {
+            let layout = GradLayout::from_sizes(sizes).unwrap();
+            let placed = Placed {
+                buffers: Vec::new(),
+                placements: packed(&layout),
+            };
+            let limits = wgpu::Limits::default();
+            let b = Bound::new(&layout, &placed, &limits, 256, 131072, team, 32).unwrap();
+            assert_eq!(b.chunk_elements, 32768);
+            (b.untracked.plain, b.untracked.general_p)
+        };
+        // 96 tensors of 1024 elements: three chunks of 32 segments each.
+        let even = vec![1024; 96];
+        assert_eq!(untracked(&even, 1), (false, false));
+        assert_eq!(untracked(&even, 8), (false, false));
+        // One tensor more, of a chunk and five elements: a chunk of one
+        // segment, then one of the last five.
+        let mut beside = even.clone();
+        beside.push(32773);
+        assert_eq!(untracked(&beside, 1), (true, true));
+        // Tensors of 40 elements (fused), 819 to a chunk: tracked on the
+        // CPU for L2 only, on a GPU neither (shorter than its blocks).
+        let short = vec![40; 2457];
+        assert_eq!(untracked(&short, 1), (false, true));
+        assert_eq!(untracked(&short, 8), (true, true));
+        // Tensors of 100 elements, 328 to a chunk, on the CPU: tracked both.
+        assert_eq!(untracked(&[100; 983], 1), (false, false));
+        // One inner segment shorter than a block.
+        let mut narrow = even.clone();
+        narrow[40] = 15;
+        assert_eq!(untracked(&narrow, 1), (true, true));
+        // One-element tensors in a run: a unit run, never tracked.
+        let mut units = even.clone();
+        units.splice(40..40, [1; 64]);
+        assert_eq!(untracked(&units, 1), (true, true));
+        // One tensor alone, and no elements at all.
+        assert_eq!(untracked(&[100_000], 1), (true, true));
+        assert_eq!(untracked(&[0, 0], 1), (false, false));
     }
 
     #[test]

@@ -360,6 +360,11 @@ pub const FUSE_OVERRIDE: &str = "FUSE";
 /// with fused tensors whose every flat chunk of several segments is all
 /// unit run: plan::Plan::segments_outside_units).
 pub const SEGMENTS_OVERRIDE: &str = "SEGMENTS";
+/// Name of the reduce pass's pipeline-overridable constant that keeps
+/// `reduce_tensors`' plain and unit walks beside the tracked one (off for
+/// sets whose every flat chunk takes the tracked walk:
+/// plan::Bound::untracked).
+pub const UNTRACKED_OVERRIDE: &str = "UNTRACKED";
 /// The reduce pass folds segments shorter than this element by element
 /// (WGSL `TINY_RUN`; `CHUNK / MID_MAX` where that is more: 128 elements in
 /// CPU adapters' long chunks).

@@ -11,7 +11,7 @@ use crate::dtype::{ElementPath, GradType};
 use crate::error::Result;
 use crate::gpu_errors::{init_buffer, Catch};
 use crate::layout::GradLayout;
-use crate::plan::{stats_size, Bound, FoldLists, Placed, Placement};
+use crate::plan::{stats_size, Bound, ByPower, Placed, Placement};
 use crate::readback::Reader;
 use crate::records::{
     ClipConfig, ClipState, Partial, ScalerConfig, WindowInfo, DISPATCH_SIZE, STATS_HEAD_SIZE,
@@ -60,7 +60,10 @@ pub(super) struct Bindings {
     pub segments: bool,
     /// Whether the reduce pass needs its lists of medium and long segments
     /// (plan::Bound::fold_lists).
-    pub fold_lists: FoldLists,
+    pub fold_lists: ByPower,
+    /// Whether the per-tensor reduce walks some flat chunk untracked
+    /// (plan::Bound::untracked).
+    pub untracked: ByPower,
     /// Grid-stride workgroups over segments (the per-tensor scale walk).
     pub tensor_workgroups: u32,
     /// Workgroups of the per-tensor statistics pass.
@@ -136,6 +139,7 @@ impl Bindings {
         self.fused = bound.plan.fused_below != 0;
         self.segments = bound.plan.segments_outside_units();
         self.fold_lists = bound.fold_lists;
+        self.untracked = bound.untracked;
         self.tensor_workgroups = bound.workgroups;
         self.tensor_stat_workgroups = bound.tensor_stat_workgroups;
         self.long_stat_workgroups = bound.long_stat_workgroups;
@@ -535,6 +539,7 @@ fn bindings(
         fused: bound.plan.fused_below != 0,
         segments: bound.plan.segments_outside_units(),
         fold_lists: bound.fold_lists,
+        untracked: bound.untracked,
         tensor_workgroups: bound.workgroups,
         tensor_stat_workgroups: bound.tensor_stat_workgroups,
         long_stat_workgroups: bound.long_stat_workgroups,

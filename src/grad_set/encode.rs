@@ -528,7 +528,8 @@ impl GradSet {
         ReduceNeeds {
             shared_chunks: self.bound.shared_chunks,
             fused: self.bound.fused,
-            fold_lists: self.bound.fold_lists.needed(reduction.general_p()),
+            fold_lists: self.bound.fold_lists.get(reduction.general_p()),
+            untracked: self.bound.untracked.get(reduction.general_p()),
             segments: self.bound.segments,
         }
     }

@@ -1004,6 +1004,122 @@ fn tracked_segments_a_fast_path_declines_are_folded_exactly() {
 }
 
 #[test]
+fn a_set_of_tracked_chunks_alone_matches_one_beside_an_untracked_chunk() {
+    // Tensors of 129 to 2 047 elements filling three flat chunks of 32768
+    // exactly: every chunk holds several segments and is tracked on GPUs
+    // and CPU adapters alike (for a general p at least on CPU adapters),
+    // so the set's per-tensor reduce is the pipeline with the tracked walk
+    // alone (WGSL UNTRACKED off, plan::Bound::untracked). Then tensors of
+    // 17 to 127 elements, fused on CPU adapters and tracked there for L2,
+    // Inf and p = 3 (the fused variant of that pipeline). With one tensor
+    // of zeros after them, of a chunk and five elements, the set has a
+    // chunk of one segment and takes the whole reduce_tensors. Each
+    // tensor's norm, factor and clipped gradient must have the same bits
+    // in both, the global norm the same bits with per-tensor results as
+    // without, and match float64. Some tensors clip, and extreme elements
+    // (an inf, a NaN, squares that overflow or underflow f32, subnormals,
+    // zeros) take the paths the fast ones decline.
+    let lengths = |lo: usize, span: usize| {
+        let mut sizes = Vec::new();
+        let mut left = 3 * 32768;
+        while left > 0 {
+            let n = (lo + (sizes.len() * 7919) % span).min(left);
+            let n = if left - n < lo { left } else { n };
+            sizes.push(n);
+            left -= n;
+        }
+        sizes
+    };
+    for (sizes, seed) in [(lengths(129, 1919), 31), (lengths(17, 111), 37)] {
+        let n: usize = sizes.iter().sum();
+        let starts = starts_of(&sizes);
+        let mut data = values(n, seed);
+        for x in &mut data[starts[9]..starts[10]] {
+            *x *= 1e30;
+        }
+        for x in &mut data[starts[13]..starts[14]] {
+            *x *= 1e-30;
+        }
+        data[starts[20]..starts[21]].fill(0.0);
+        for (k, x) in [0.0, f32::from_bits(3), -1e-39, 3e19].iter().enumerate() {
+            for at in (k * 997..n).step_by(7001) {
+                data[at] = *x;
+            }
+        }
+        let mut beside_sizes = sizes.clone();
+        beside_sizes.push(32773);
+        for (inf, nan) in [(None, None), (Some(starts[5] + 3), Some(starts[30] + 1))] {
+            let mut data = data.clone();
+            for (k, x) in [(inf, f32::INFINITY), (nan, f32::NAN)] {
+                if let Some(k) = k {
+                    data[k] = x;
+                }
+            }
+            let mut beside = data.clone();
+            beside.resize(n + 32773, 0.0);
+            for (tensorflow, order, max_norm) in [
+                (false, Order::L2, 1.0f32),
+                (true, Order::L2, 1.0),
+                (false, Order::Inf, 5.0),
+                (false, Order::P(3.0), 2.0),
+                (true, Order::P(1.5), 3.0),
+            ] {
+                let base = framework_clip(tensorflow, max_norm).norm(order.to_norm());
+                let clip = base.per_tensor(true);
+                let what = format!(
+                    "{order:?} tf={tensorflow} tensors of {}.. inf={inf:?}",
+                    sizes[0]
+                );
+                let (alone, alone_after) =
+                    run_clip(&data, &sizes, |set, enc| set.clip_norm(enc, &clip));
+                let alone = alone.unwrap();
+                let (with, with_after) =
+                    run_clip(&beside, &beside_sizes, |set, enc| set.clip_norm(enc, &clip));
+                let with = with.unwrap();
+                let (plain, _) = run_clip(&data, &sizes, |set, enc| set.clip_norm(enc, &base));
+                assert_eq!(
+                    alone.partial.to_bytes(),
+                    plain.unwrap().partial.to_bytes(),
+                    "{what}: the global partial with per-tensor results and without"
+                );
+                for t in 0..sizes.len() {
+                    assert_eq!(
+                        tensor_result_bits(&alone, t),
+                        tensor_result_bits(&with, t),
+                        "{what}: tensor {t} alone and beside an untracked chunk"
+                    );
+                }
+                assert_identical(&alone_after, &with_after[..n], &format!("{what}: clipped"));
+                reference::assert_tensor_norms(
+                    &alone.tensor_norms,
+                    &data,
+                    &sizes,
+                    order,
+                    1e-5,
+                    &what,
+                );
+                if inf.is_none() {
+                    let (_, want) =
+                        per_tensor_reference(&data, &sizes, order, max_norm, tensorflow);
+                    assert_close(&alone_after, &want, 1e-5, &what);
+                    let clipped = alone
+                        .tensor_coefficients
+                        .iter()
+                        .filter(|&&f| f < 1.0)
+                        .count();
+                    assert!(
+                        clipped > 0 && clipped < sizes.len(),
+                        "{what}: {clipped} of {} tensors clip",
+                        sizes.len()
+                    );
+                }
+            }
+        }
+    }
+    assert_no_wgpu_errors();
+}
+
+#[test]
 fn per_tensor_no_clip_step_scales_nothing() {
     let data = values(SIZES.iter().sum(), 3);
     let clip = ClipNorm::new(1e30).per_tensor(true);
